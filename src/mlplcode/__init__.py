@@ -1,0 +1,2 @@
+"""mlplcode: a coding agent small enough to understand, written as a book."""
+__version__ = "0.1.0"

@@ -1,0 +1,906 @@
+#!/usr/bin/env python3
+"""Tangle an Org file into source files, byte for byte as Emacs does.
+
+This file is tangled from mlplcode.org (chapter "The tangler"); edit the
+book, not this file, or edit this file and run --detangle.
+"""
+import argparse
+import difflib
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+class Refusal(Exception):
+    """A construct we will not tangle, located at FILE:LINE."""
+
+    def __init__(self, path, line, reason):
+        super().__init__(f"{path}:{line}: {reason}")
+        self.path, self.line, self.reason = path, line, reason
+
+@dataclass
+class Heading:
+    line: int
+    level: int
+    title: str
+    tags: tuple
+    parent: "Heading | None"
+    commented: bool
+    archived: bool
+    properties: list = field(default_factory=list)
+    block_count: int = 0
+
+@dataclass
+class Block:
+    line: int
+    language: str
+    arguments: str
+    headers: list
+    name: str | None
+    name_line: int | None
+    heading: Heading | None
+    number: int
+    body_line: int
+    raw_lines: list
+
+@dataclass
+class Document:
+    path: str
+    lines: list
+    blocks: list
+    headings: list
+    keyword_properties: list
+
+HEADING = re.compile(r"(\*+) (.*)")
+TODO_PRIORITY = re.compile(r"(?:(?:TODO|DONE) +)?(?:\[#.\] +)?(.*)")
+TAGS = re.compile(r"(.*?)[ \t]+(:[\w@#%:]+:)[ \t]*")
+BEGIN_SRC = re.compile(r"[ \t]*#\+begin_src(?: +(\S+))?(.*)", re.I)
+END_SRC = re.compile(r"[ \t]*#\+end_src[ \t]*", re.I)
+BEGIN_RAW = re.compile(r"[ \t]*#\+begin_(example|export|comment|verse)\b", re.I)
+AFFILIATED = re.compile(r"[ \t]*#\+(\w+):[ \t]*(.*?)[ \t]*", re.I)
+PROPERTY_LINE = re.compile(r"[ \t]*:(\S+):(?:[ \t]+(.*?))?[ \t]*")
+
+def read_org(path, text=None):
+    """Read an Org file as lines, refusing what our parser cannot follow."""
+    if text is None:
+        with open(path, encoding="utf-8", newline="") as f:
+            text = f.read()
+    if "\r" in text:
+        line = text[: text.index("\r")].count("\n") + 1
+        raise Refusal(path, line, "carriage return: save the file with Unix line ends")
+    return text.split("\n")
+
+def parse_heading(number, stars, rest, parent):
+    rest = TODO_PRIORITY.fullmatch(rest).group(1)
+    tags = ()
+    tagged = TAGS.fullmatch(rest)
+    if tagged:
+        rest, tags = tagged.group(1), tuple(t for t in tagged.group(2).split(":") if t)
+    title = rest.strip()
+    commented = title == "COMMENT" or title.startswith("COMMENT ")
+    if commented:
+        title = title[len("COMMENT"):].strip()
+    level = len(stars)
+    while parent and parent.level >= level:
+        parent = parent.parent
+    return Heading(
+        line=number, level=level, title=title, tags=tags, parent=parent,
+        commented=commented or bool(parent and parent.commented),
+        archived="ARCHIVE" in tags or bool(parent and parent.archived),
+    )
+
+def parse_document(path, text=None):
+    """Split an Org file into headings, property drawers and src blocks."""
+    lines = read_org(path, text)
+    blocks, headings, keyword_properties = [], [], []
+    heading = None
+    i = 0
+    while i < len(lines):
+        line, number = lines[i], i + 1
+        if m := HEADING.match(line):
+            heading = parse_heading(number, m.group(1), m.group(2), heading)
+            headings.append(heading)
+            i = read_property_drawer(path, lines, i + 1, heading)
+            continue
+        if m := BEGIN_RAW.match(line):
+            i = skip_raw_block(path, lines, i, m.group(1))
+            continue
+        if m := BEGIN_SRC.fullmatch(line):
+            block, i = read_block(path, lines, i, m, heading)
+            blocks.append(block)
+            continue
+        if m := AFFILIATED.fullmatch(line):
+            check_keyword(path, number, m.group(1).lower(), m.group(2), keyword_properties)
+        elif line.lstrip().startswith(":PROPERTIES:"):
+            raise Refusal(path, number, "property drawer not directly under a heading")
+        i += 1
+    return Document(path, lines, blocks, headings, keyword_properties)
+
+def read_property_drawer(path, lines, i, heading):
+    """Collect a heading's :PROPERTIES: drawer; return the next line index."""
+    if i < len(lines) and re.match(r"[ \t]*(SCHEDULED|DEADLINE|CLOSED):", lines[i]):
+        i += 1
+    if i >= len(lines) or lines[i].strip().upper() != ":PROPERTIES:":
+        return i
+    for j in range(i + 1, len(lines)):
+        if lines[j].strip().upper() == ":END:":
+            return j + 1
+        m = PROPERTY_LINE.fullmatch(lines[j])
+        if not m:
+            raise Refusal(path, j + 1, "malformed line in property drawer")
+        key = m.group(1)
+        if key.lower().startswith("header-args") and not key.startswith("header-args"):
+            raise Refusal(path, j + 1, f"write {key.lower()} in lower case")
+        heading.properties.append((j + 1, key, m.group(2) or ""))
+    raise Refusal(path, i + 1, "property drawer without :END:")
+
+def skip_raw_block(path, lines, i, kind):
+    end = re.compile(r"[ \t]*#\+end_" + kind + r"[ \t]*", re.I)
+    for j in range(i + 1, len(lines)):
+        if end.fullmatch(lines[j]):
+            return j + 1
+    raise Refusal(path, i + 1, f"#+begin_{kind} without #+end_{kind}")
+
+def check_keyword(path, number, key, value, keyword_properties):
+    """Refuse keywords that change what Emacs tangles; collect #+PROPERTY."""
+    if key == "property":
+        name, _, rest = value.partition(" ")
+        if name.lower().startswith("header-args"):
+            if name != name.lower():
+                raise Refusal(path, number, f"write {name.lower()} in lower case")
+            keyword_properties.append((number, name, rest.strip()))
+    elif key in ("setupfile", "include", "todo", "seq_todo", "typ_todo"):
+        raise Refusal(path, number, f"#+{key.upper()} is not supported by this tangler")
+    elif key == "filetags" and "ARCHIVE" in value.split(":"):
+        raise Refusal(path, number, "#+FILETAGS: :ARCHIVE: is not supported")
+    if "local variables:" in value.lower() or (
+        number == 1 and "-*-" in value and "org-" in value
+    ):
+        raise Refusal(path, number, "file-local variables are not supported")
+
+def read_block(path, lines, i, begin, heading):
+    """Read one src block starting at line index I; return it and the next index."""
+    number = i + 1
+    for j in range(i + 1, len(lines)):
+        if END_SRC.fullmatch(lines[j]):
+            break
+        if HEADING.match(lines[j]):
+            raise Refusal(path, j + 1, "a line starting with '* ' inside a block ends it in Org: escape it as ',* '")
+    else:
+        raise Refusal(path, number, "#+begin_src without #+end_src")
+    headers, name, name_line = [], None, None
+    k = i - 1
+    while k >= 0 and (m := AFFILIATED.fullmatch(lines[k])):
+        key = m.group(1).lower()
+        if key in ("header", "headers"):
+            headers.insert(0, (k + 1, m.group(2)))
+        elif key == "name":
+            name, name_line = m.group(2), k + 1
+        k -= 1
+    if heading:
+        heading.block_count += 1
+    block = Block(
+        line=number, language=begin.group(1) or "", arguments=begin.group(2).strip(),
+        headers=headers, name=name, name_line=name_line, heading=heading,
+        number=heading.block_count if heading else 0,
+        body_line=number + 1, raw_lines=lines[i + 1 : j],
+    )
+    return block, j + 1
+
+HEADER_KEYS = {
+    "tangle", "mkdirp", "padline", "noweb", "noweb-ref", "noweb-sep", "comments",
+    "shebang", "tangle-mode", "exports", "results", "session", "eval", "cache",
+    "hlines", "dir", "wrap",
+}
+REFUSED_KEYS = {
+    "var": "injects assignments into the tangled code",
+    "prologue": "injects code before the body",
+    "epilogue": "injects code after the body",
+    "no-expand": "changes how the body is expanded",
+    "noweb-prefix": "is not known to Org 9.5",
+}
+
+def split_header_arguments(text):
+    """Split ':key value :key value' where a colon follows a blank, as Org does.
+
+    A double-quoted value may contain ' :'; so may a parenthesized one.
+    Returns (key, raw value) pairs; a key without a value gets "".
+    """
+    parts, current, depth, quoted = [], [], 0, False
+    for k, ch in enumerate(text):
+        before = text[k - 1] if k else ""
+        if quoted:
+            quoted = not (ch == '"' and before != "\\")
+        elif ch == '"' and before != "\\":
+            quoted = True
+        elif ch == "(":
+            depth += 1
+        elif ch == ")" and depth:
+            depth -= 1
+        elif ch == ":" and before in (" ", "\t") and depth == 0:
+            parts.append("".join(current))
+            current = []
+        current.append(ch)
+    parts.append("".join(current))
+    pairs = []
+    for part in parts:
+        if m := re.fullmatch(r"[ \t]*(\S+)(?:[ \t]+(.*?))?[ \t]*", part):
+            pairs.append((m.group(1), m.group(2) or ""))
+    return pairs
+
+LISP_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"'}
+
+def read_value(where, key, raw):
+    """Turn a raw header value into what Org would see, or refuse it."""
+    if raw == "":
+        return None
+    if raw[0] in "('`[":
+        mode = re.fullmatch(r"\(identity\s+#o([0-7]{3,4})\)", raw)
+        if key == "tangle-mode" and mode:
+            return int(mode.group(1), 8)
+        raise Refusal(*where, f":{key} {raw}: Emacs evaluates this as Lisp; "
+                      "only (identity #oNNN) for :tangle-mode is accepted")
+    if raw[0] == '"':
+        quoted = re.fullmatch(r'"((?:[^"\\]|\\.)*)"', raw)
+        if not quoted:
+            raise Refusal(*where, f":{key} {raw}: text after a quoted value")
+        bad = [e for e in re.findall(r"\\(.)", quoted.group(1)) if e not in LISP_ESCAPES]
+        if bad:
+            raise Refusal(*where, f":{key}: unsupported escape \\{bad[0]}")
+        return re.sub(r"\\(.)", lambda e: LISP_ESCAPES[e.group(1)], quoted.group(1))
+    if re.fullmatch(r"[0-9e.+ -]+", raw):
+        raise Refusal(*where, f":{key} {raw}: Org reads this as a number")
+    return raw
+
+def parse_arguments(where, text):
+    """Parse one header-argument string into {key: (value, where)}."""
+    if text.strip() and not text.lstrip().startswith(":"):
+        raise Refusal(*where, f"expected ':key value' header arguments, got {text.strip()!r}")
+    parsed = {}
+    for key, raw in split_header_arguments(text):
+        parsed[key[1:]] = (read_value(where, key[1:], raw), where)
+    return parsed
+
+def inherited_property(doc, heading, name):
+    """The value of property NAME at HEADING, as Org's inheritance computes it.
+
+    The nearest heading that sets NAME wins outright; NAME+ values on the
+    way up are appended after it. Returns a list of (where, text) pieces.
+    """
+    pieces = []
+    while heading:
+        base = [p for p in heading.properties if p[1].lower() == name and p[2]]
+        more = [p for p in heading.properties if p[1].lower() == name + "+" and p[2]]
+        if len(base) > 1:
+            raise Refusal(doc.path, base[1][0], f"{name} set twice in one drawer")
+        pieces[:0] = [((doc.path, line), value) for line, _, value in base + more]
+        if base:
+            return pieces
+        heading = heading.parent
+    keyword = []
+    for line, key, value in doc.keyword_properties:
+        if key == name:
+            keyword = [((doc.path, line), value)]
+        elif key == name + "+":
+            keyword.append(((doc.path, line), value))
+    return keyword + pieces
+
+def block_parameters(doc, block):
+    """Merge a block's header arguments: properties, then the block line, then #+HEADER."""
+    sources = inherited_property(doc, block.heading, "header-args")
+    if block.language:
+        sources += inherited_property(doc, block.heading, "header-args:" + block.language)
+    sources.append(((doc.path, block.line), block.arguments))
+    sources += [((doc.path, line), text) for line, text in block.headers]
+    params = {"tangle": ("no", (doc.path, block.line))}
+    for where, text in sources:
+        params.update(parse_arguments(where, text))
+    return params
+
+def tangle_target(doc, value, where):
+    """Check a :tangle path: relative, normalized and inside the org file's directory."""
+    if value == "yes":
+        raise Refusal(*where, ":tangle yes names the file after the language "
+                      "(.python without ob-python); write the file name")
+    if (os.path.isabs(value) or value.startswith("~") or os.path.normpath(value) != value
+            or value.split("/")[0] == ".."):
+        raise Refusal(*where, f":tangle {value}: write a normalized path inside "
+                      "the org file's directory")
+    if value in (os.path.basename(doc.path), database_name(doc.path)):
+        raise Refusal(*where, f":tangle {value}: would overwrite the tangler's own files")
+    return value
+
+COMMENT_STARTS = {"python": "# ", "sh": "# ", "bash": "# ", "shell": "# ",
+                  "emacs-lisp": ";; ", "elisp": ";; "}
+
+def check_used_parameters(doc, block, params):
+    """Refuse header arguments whose tangled output differs between Org versions."""
+    for key, (value, where) in params.items():
+        if key in REFUSED_KEYS:
+            raise Refusal(*where, f":{key} {REFUSED_KEYS[key]}; not supported")
+        if key not in HEADER_KEYS:
+            raise Refusal(*where, f":{key} is not a header argument this tangler knows")
+    checks = {
+        "noweb": ("yes", "no", "tangle"),
+        "comments": ("no", "link"),
+    }
+    for key, allowed in checks.items():
+        value, where = params.get(key, ("no", None))
+        if value not in allowed:
+            raise Refusal(*where, f":{key} {value}: use one of {', '.join(allowed)}")
+    mode, where = params.get("tangle-mode", (None, None))
+    if mode is not None and not isinstance(mode, int):
+        raise Refusal(*where, ":tangle-mode: write (identity #o755); other forms differ between Org versions")
+    if params.get("comments", ("no",))[0] == "link":
+        if block.language not in COMMENT_STARTS:
+            raise Refusal(doc.path, block.line, f":comments link for {block.language!r} blocks is not supported")
+        if block.heading is None:
+            raise Refusal(doc.path, block.line, ":comments link needs the block to be under a heading")
+
+UNESCAPE = re.compile(r"^([ \t]*,*),(\*|#\+)")
+
+def indentation(line):
+    """Column of the first non-blank character, counting a tab to the next multiple of 8."""
+    column = 0
+    for ch in line:
+        if ch == " ":
+            column += 1
+        elif ch == "\t":
+            column = column // 8 * 8 + 8
+        else:
+            break
+    return column
+
+def normalize_body(doc, block):
+    """The block's code as Org hands it to the tangler, one string per line.
+
+    Commas that escape '*' and '#+' are removed and the common indentation
+    is cut. Whatever Org 9.5 and Org 9.7-9.8 would cut differently is refused.
+    """
+    lines = [UNESCAPE.sub(r"\1\2", line) for line in block.raw_lines]
+    where = lambda k: (doc.path, block.body_line + k)
+    solid = [k for k, line in enumerate(lines) if line.strip(" \t")]
+    if not solid:
+        raise Refusal(doc.path, block.line, "empty block")
+    if solid[0] != 0:
+        raise Refusal(*where(0), "blank line at the start of a block (Org versions disagree on it)")
+    if solid[-1] != len(lines) - 1:
+        raise Refusal(*where(len(lines) - 1), "blank line at the end of a block (Org versions disagree on it)")
+    cut = min(indentation(lines[k]) for k in solid)
+    if indentation(lines[0]) > cut:
+        raise Refusal(*where(0), "first line indented deeper than the rest (Org trims it)")
+    if cut == 0:
+        return lines
+    body = []
+    for k, line in enumerate(lines):
+        lead = line[: len(line) - len(line.lstrip(" \t"))]
+        if "\t" in lead:
+            raise Refusal(*where(k), "tab in the indentation of an indented block (Org versions cut it differently)")
+        if not line.strip(" \t"):
+            if len(line) > cut:
+                raise Refusal(*where(k), "whitespace-only line wider than the block's indentation (Org versions disagree on it)")
+            body.append("")
+        else:
+            body.append(line[cut:])
+    return body
+
+NOWEB = re.compile(r"<<([^ \t\n](?:.*?[^ \t\n])?)>>")
+
+@dataclass(frozen=True)
+class Piece:
+    """A stretch of one output line and where it came from.
+
+    kind is "code" (a line of a block's body), "prefix" (text left of a noweb
+    reference, repeated on each line of its expansion) or "text" (anything
+    else: padding, shebang, comments, separators, text right of a reference).
+    """
+    text: str
+    kind: str
+    block: int
+    k: int
+    org_line: int
+
+@dataclass
+class Output:
+    path: str
+    lines: list
+    mode: int | None
+    mkdirp: bool
+    org_line: int
+
+    @property
+    def text(self):
+        return "".join("".join(p.text for p in line) + "\n" for line in self.lines)
+
+@dataclass
+class Book:
+    """One parsed org file and what tangling it needs to look up."""
+    doc: Document
+    params: list
+    names: dict
+    refs: dict
+    uses: dict = field(default_factory=dict)
+    checked: set = field(default_factory=set)
+    bodies: dict = field(default_factory=dict)
+
+def open_book(path, text=None):
+    """Parse PATH (or TEXT, as if it were PATH) and index its blocks by #+NAME and :noweb-ref."""
+    doc = parse_document(path, text)
+    params = [block_parameters(doc, block) for block in doc.blocks]
+    names, refs = {}, {}
+    for i, block in enumerate(doc.blocks):
+        if block.name is not None:
+            other = names.setdefault(block.name.lower(), i)
+            if other != i:
+                raise Refusal(path, block.name_line, f"#+NAME: {block.name} is also used at "
+                              f"line {doc.blocks[other].name_line} (Org matches names ignoring case)")
+        ref = params[i].get("noweb-ref", (None,))[0]
+        if ref is not None and not (block.heading and block.heading.commented):
+            refs.setdefault(ref, []).append(i)
+    return Book(doc, params, names, refs)
+
+def parameter(book, i, key, default=None):
+    return book.params[i].get(key, (default,))[0]
+
+def body(book, i):
+    """The normalized body of block I, its header arguments checked once."""
+    if i not in book.bodies:
+        check_used_parameters(book.doc, book.doc.blocks[i], book.params[i])
+        book.bodies[i] = normalize_body(book.doc, book.doc.blocks[i])
+    return book.bodies[i]
+
+def resolve(book, name, where):
+    """The blocks a noweb reference names: a #+NAME first, then :noweb-ref."""
+    if re.search(r"\(.*\)", name):
+        raise Refusal(*where, f"<<{name}>> asks Emacs to run a block; not supported")
+    for heading in book.doc.headings:
+        for _, key, value in heading.properties:
+            if key.upper() in ("ID", "CUSTOM_ID") and value == name:
+                raise Refusal(*where, f"<<{name}>> names a heading's {key}; Org would insert its text")
+    named = book.names.get(name.lower())
+    if named is not None:
+        block = book.doc.blocks[named]
+        if block.name != name:
+            raise Refusal(*where, f"<<{name}>> matches #+NAME: {block.name} only when case is ignored")
+        if not (block.heading and block.heading.commented):
+            return [named]
+    if name in book.refs:
+        return book.refs[name]
+    raise Refusal(*where, f"<<{name}>> names no block (Emacs would insert nothing)")
+
+def text_lines(text, block, org_line):
+    """Split TEXT into output lines made of one unmappable piece each."""
+    return [[Piece(part, "text", block, -1, org_line)] for part in text.split("\n")]
+
+def join_lines(head, tail):
+    """Concatenate two texts held as lines: TAIL's first line continues HEAD's last."""
+    if not head:
+        return tail
+    return head[:-1] + [head[-1] + tail[0]] + tail[1:]
+
+def expand(book, i, top, stack=()):
+    """Block I's body with noweb references replaced, as a list of piece lines.
+
+    TOP says whether I is a tangled block (":noweb yes" or "tangle" expands)
+    or a referenced one (Org 9.5 expands only ":noweb yes" there).
+    """
+    block = book.doc.blocks[i]
+    if i in stack:
+        raise Refusal(book.doc.path, block.line, "noweb reference loops back to this block")
+    book.uses[i] = book.uses.get(i, 0) + 1
+    noweb = parameter(book, i, "noweb", "no")
+    lines = []
+    for k, text in enumerate(body(book, i)):
+        org_line = block.body_line + k
+        matches = list(NOWEB.finditer(text)) if noweb != "no" else []
+        if matches and noweb == "tangle" and not top:
+            raise Refusal(book.doc.path, org_line, "a referenced block with :noweb tangle is "
+                          "expanded by Org 9.8 but not by 9.5; use :noweb yes")
+        if not matches:
+            lines.append([Piece(text, "code", i, k, org_line)])
+            continue
+        current, start = [], 0
+        for match in matches:
+            prefix = text[start : match.start()]
+            pieces = [Piece(prefix, "prefix", i, k, org_line)] if prefix else []
+            expansion = expand_reference(book, match.group(1), (book.doc.path, org_line), stack + (i,))
+            for n, line in enumerate(expansion):
+                if n == 0:
+                    current = current + pieces + line
+                else:
+                    lines.append(current)
+                    current = pieces + line
+            start = match.end()
+        if text[start:]:
+            current.append(Piece(text[start:], "text", i, k, org_line))
+        lines.append(current)
+    return lines
+
+def expand_reference(book, name, where, stack):
+    """The expansion of <<NAME>>: its blocks joined by their :noweb-sep."""
+    result = []
+    blocks = resolve(book, name, where)
+    for n, j in enumerate(blocks):
+        result = join_lines(result, expand(book, j, False, stack))
+        if n + 1 < len(blocks):
+            separator = parameter(book, j, "noweb-sep", "\n")
+            result = join_lines(result, text_lines(separator, j, book.doc.blocks[j].line))
+    return result
+
+def link_comment(book, i, target):
+    """The ':comments link' lines around block I, in Emacs's exact format."""
+    block = book.doc.blocks[i]
+    title = block.heading.title
+    search = block.name or "*" + re.sub(r"\[[0-9]+%\]|\[[0-9]+/[0-9]+\]", "", title).strip()
+    if re.search(r"[][\\]", search) or "//" in search or {".", ".."} & set(search.split("/")):
+        raise Refusal(book.doc.path, block.line, f":comments link: Org would escape the link to {search!r}")
+    name = block.name or f"{title}:{block.number}"
+    org = os.path.relpath(book.doc.path, os.path.join(os.path.dirname(book.doc.path), os.path.dirname(target)))
+    start = COMMENT_STARTS[block.language]
+    return f"{start}[[file:{org}::{search}][{name}]]", f"{start}{name} ends here"
+
+def tangle_book(book):
+    """Every file the book writes, in the order Emacs writes them."""
+    targets = {}
+    for i, block in enumerate(book.doc.blocks):
+        heading = block.heading
+        if heading and (heading.commented or heading.archived):
+            continue
+        value, where = book.params[i]["tangle"]
+        if value == "no":
+            continue
+        targets.setdefault(tangle_target(book.doc, value, where), []).append(i)
+    return [assemble(book, path, blocks) for path, blocks in targets.items()]
+
+def assemble(book, path, blocks):
+    """Join the blocks of one file: padding, shebang, link comments, bodies."""
+    lines, mkdirp = [], False
+    for n, i in enumerate(blocks):
+        block = book.doc.blocks[i]
+        shebang, mode = parameter(book, i, "shebang"), parameter(book, i, "tangle-mode")
+        if n and (shebang or mode is not None):
+            raise Refusal(book.doc.path, block.line, ":shebang and :tangle-mode belong on the first "
+                          f"block of {path} (Org versions place and apply them differently)")
+        mkdirp = mkdirp or parameter(book, i, "mkdirp") not in (None, "no")
+        code = expand(book, i, True)
+        text = "".join(p.text for p in code[0])
+        last = "".join(p.text for p in code[-1])
+        if text[:1] in (" ", "\t") or last[-1:] in (" ", "\t") or not text or not last:
+            raise Refusal(book.doc.path, block.line, "the expanded block starts or ends with "
+                          "whitespace, which Org trims")
+        if n and parameter(book, i, "padline") != "no":
+            lines.append([Piece("", "text", i, -1, block.line)])
+        if shebang:
+            lines.append([Piece(shebang, "text", i, -1, block.line)])
+        comments = parameter(book, i, "comments") == "link"
+        if comments:
+            begin, end = link_comment(book, i, path)
+            lines.append([Piece(begin, "text", i, -1, block.line)])
+        lines += code
+        if comments:
+            lines.append([Piece(end, "text", i, -1, block.line)])
+    first = blocks[0]
+    mode = parameter(book, first, "tangle-mode")
+    if mode is None and parameter(book, first, "shebang"):
+        mode = 0o755
+    return Output(path, lines, mode, mkdirp, book.doc.blocks[first].line)
+
+def database_name(org_path):
+    return "." + os.path.basename(org_path) + ".tangle.json"
+
+def database_text(outputs):
+    """The hash database: what the last tangle wrote, for --detangle and --check."""
+    files = {
+        out.path: {"sha256": sha256(out.text), "executable": executable(out.mode)}
+        for out in outputs
+    }
+    note = "written by tangle/tangle.py; --detangle compares the tangled files with it"
+    return json.dumps({"about": note, "files": files}, indent=1, sort_keys=True) + "\n"
+
+def sha256(text):
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+def executable(mode):
+    return bool(mode is not None and mode & 0o100)
+
+def read_bytes(path):
+    """A file's bytes, or None when it does not exist."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+def write_atomically(path, text, mode):
+    """Replace PATH with TEXT so that a crash leaves the old file or the new, never half."""
+    fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tangle-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+def file_mode(mode):
+    """The mode Emacs leaves: the block's mode, or 0666 less the umask."""
+    if mode is not None:
+        return mode
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+def write_outputs(book, outputs):
+    """Write each output (and the database) whose bytes differ; return the paths written."""
+    base = os.path.dirname(book.doc.path)
+    written = []
+    files = [(out.path, out.text, out.mode, out.mkdirp, out.org_line) for out in outputs]
+    files.append((database_name(book.doc.path), database_text(outputs), None, False, 1))
+    for path, text, mode, mkdirp, org_line in files:
+        full = os.path.join(base, path)
+        directory = os.path.dirname(full)
+        if directory and not os.path.isdir(directory):
+            if not mkdirp:
+                raise Refusal(book.doc.path, org_line, f"directory {os.path.dirname(path)} does "
+                              "not exist; add :mkdirp yes")
+            os.makedirs(directory)
+        if read_bytes(full) == text.encode("utf-8"):
+            if executable(os.stat(full).st_mode) != executable(mode):
+                os.chmod(full, file_mode(mode))
+            continue
+        write_atomically(full, text, file_mode(mode))
+        written.append(path)
+    return written
+
+def orphans(book, outputs):
+    """Python files the book does not write, in the directories it writes Python into.
+
+    Files the last tangle wrote (per the database) that no block writes
+    now are reported too, wherever they are.
+    """
+    base = os.path.dirname(book.doc.path)
+    produced = {out.path for out in outputs}
+    previous = read_database(book.doc.path).get("files", {})
+    owned = {os.path.dirname(p) for p in produced | set(previous) if p.endswith(".py")}
+    found = {p for p in previous if p not in produced and os.path.exists(os.path.join(base, p))}
+    for directory in owned:
+        full = os.path.join(base, directory)
+        if os.path.isdir(full):
+            found |= {os.path.join(directory, name) for name in os.listdir(full)
+                      if name.endswith(".py") and os.path.join(directory, name) not in produced}
+    return sorted(found)
+
+def read_database(org_path):
+    text = read_bytes(os.path.join(os.path.dirname(org_path), database_name(org_path)))
+    return json.loads(text) if text else {}
+
+def origin(line):
+    """The org line an output line comes from: its code if it has some."""
+    code = [p for p in line if p.kind == "code"]
+    return (code or line)[-1].org_line
+
+def hunk_range(start, length):
+    """A unified-diff range, as diff(1) writes it."""
+    if length == 1:
+        return str(start + 1)
+    return f"{start + 1 if length else start},{length}"
+
+def labelled_diff(org_name, path, disk, out):
+    """A unified diff from the file on disk to the book's text, each hunk naming its org line."""
+    old = disk.decode("utf-8", "replace").splitlines(keepends=True)
+    new = out.text.splitlines(keepends=True)
+    diff = [f"--- {path} (on disk)\n", f"+++ {path} (tangled from {org_name})\n"]
+    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    for group in matcher.get_grouped_opcodes(3):
+        i1, i2, j1, j2 = group[0][1], group[-1][2], group[0][3], group[-1][4]
+        changed = next(op for op in group if op[0] != "equal")
+        at = min(changed[3], len(out.lines) - 1)
+        diff.append(f"@@ -{hunk_range(i1, i2 - i1)} +{hunk_range(j1, j2 - j1)} @@ "
+                    f"{org_name}:{origin(out.lines[at])}\n")
+        for tag, a1, a2, b1, b2 in group:
+            if tag == "equal":
+                diff += [" " + line for line in old[a1:a2]]
+                continue
+            diff += ["-" + line for line in old[a1:a2]]
+            diff += ["+" + line for line in new[b1:b2]]
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+                   for line in diff)
+
+def check(book, outputs):
+    """Compare what the book would write with the disk; return the problems as text."""
+    base, name = os.path.dirname(book.doc.path), book.doc.path
+    problems = []
+    for out in outputs:
+        disk = read_bytes(os.path.join(base, out.path))
+        if disk is None:
+            problems.append(f"missing: {out.path} (tangled from {name}:{out.org_line})\n")
+        elif disk != out.text.encode("utf-8"):
+            problems.append(labelled_diff(name, out.path, disk, out))
+        elif executable(os.stat(os.path.join(base, out.path)).st_mode) != executable(out.mode):
+            should = "should" if executable(out.mode) else "should not"
+            problems.append(f"mode: {out.path} {should} be executable ({name}:{out.org_line})\n")
+    database = database_name(book.doc.path)
+    if read_bytes(os.path.join(base, database)) != database_text(outputs).encode("utf-8"):
+        problems.append(f"stale: {database} does not match {name}; tangle to rewrite it\n")
+    problems += [f"not in the book: {path} (no block of {name} writes it)\n"
+                 for path in orphans(book, outputs)]
+    return problems
+
+@dataclass(frozen=True)
+class Spot:
+    """Where an output line can be written back: line K of block BLOCK, after PREFIX."""
+    block: int
+    k: int
+    prefix: str
+
+def spot(line):
+    """The block line an output line copies, or None when it mixes or adds text."""
+    *prefixes, last = line
+    if last.kind != "code" or any(p.kind != "prefix" for p in prefixes):
+        return None
+    return Spot(last.block, last.k, "".join(p.text for p in prefixes))
+
+def what_is(line):
+    """Name the kind of line a tangled file holds that no block line maps to."""
+    if len(line) == 1 and line[0].text == "":
+        return "the blank line Org puts between two blocks"
+    if any(p.kind == "code" for p in line):
+        return "a line that joins a noweb reference with text around it"
+    return "a line the tangler adds (shebang, comment or :noweb-sep)"
+
+def map_edit(book, out, old, new, opcode):
+    """Map one differing stretch of a tangled file to (block, k1, k2, new lines)."""
+    _, i1, i2, j1, j2 = opcode
+    refuse = lambda reason: Refusal(out.path, i1 + 1, reason)
+    if i1 < i2:
+        spots = [spot(out.lines[i]) for i in range(i1, i2)]
+        for i, s in zip(range(i1, i2), spots):
+            if s is None:
+                raise Refusal(out.path, i + 1, f"the change touches {what_is(out.lines[i])}")
+        if any(s.block != spots[0].block or s.prefix != spots[0].prefix for s in spots) or [
+            s.k for s in spots] != list(range(spots[0].k, spots[0].k + len(spots))):
+            raise refuse(f"the change spans more than one block "
+                         f"({book.doc.path}:{origin(out.lines[i1])} to :{origin(out.lines[i2 - 1])})")
+        target, k1, k2 = spots[0], spots[0].k, spots[-1].k + 1
+    else:
+        above = spot(out.lines[i1 - 1]) if i1 > 0 else None
+        below = spot(out.lines[i1]) if i1 < len(old) else None
+        if above and below and (above.block, above.k + 1, above.prefix) != (below.block, below.k, below.prefix):
+            raise refuse("lines added between two blocks: it is not clear which block they belong to")
+        target = above or below
+        if target is None:
+            raise refuse("lines added where no block is next to them")
+        k1 = k2 = above.k + 1 if above else below.k
+    uses = book.uses[target.block]
+    if uses > 1:
+        name = book.doc.blocks[target.block].name or "a :noweb-ref block"
+        raise refuse(f"the change is inside {name}, which is expanded in {uses} places")
+    lines = new[j1:j2]
+    for j, line in zip(range(j1, j2), lines):
+        if not line.startswith(target.prefix):
+            raise Refusal(out.path, j + 1, f"the line must start with the noweb prefix {target.prefix!r}")
+    return target.block, k1, k2, [line[len(target.prefix):] for line in lines]
+
+def escape(line):
+    """Add the comma Org needs before a line's leading '*' or '#+'."""
+    return re.sub(r"^([ \t]*)(,*(?:\*|#\+))", r"\1,\2", line)
+
+def write_back(book, edits):
+    """The org file's lines with EDITS applied to block bodies, indentation and escapes kept."""
+    lines = list(book.doc.lines)
+    for block_index, k1, k2, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+        block = book.doc.blocks[block_index]
+        solid = [line for line in block.raw_lines if line.strip(" \t")]
+        cut = min(indentation(line) for line in solid)
+        start = block.body_line - 1
+        lines[start + k1 : start + k2] = [" " * cut + escape(line) if line else "" for line in new]
+    return lines
+
+def detangle(path):
+    """Write edits made in tangled files back into the org file at PATH."""
+    book = open_book(path)
+    outputs = tangle_book(book)
+    recorded = read_database(path).get("files")
+    if recorded is None:
+        raise Refusal(path, 1, f"no {database_name(path)}: tangle once before detangling")
+    base, edits, edited = os.path.dirname(path), [], []
+    for out in outputs:
+        disk = read_bytes(os.path.join(base, out.path))
+        record = recorded.get(out.path)
+        if disk is None or record is None or hashlib.sha256(disk).hexdigest() == record["sha256"]:
+            continue
+        if sha256(out.text) != record["sha256"]:
+            raise Refusal(out.path, 1, f"both {path} and {out.path} changed since the last tangle; "
+                          "keep one side's change (git diff shows both) and run again")
+        try:
+            text = disk.decode("utf-8")
+        except UnicodeDecodeError:
+            raise Refusal(out.path, 1, "not UTF-8")
+        if not text.endswith("\n"):
+            raise Refusal(out.path, text.count("\n") + 1, "no newline at the end of the file")
+        old = [out_line_text(line) for line in out.lines]
+        new = text[:-1].split("\n")
+        matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+        edits += [map_edit(book, out, old, new, op) for op in matcher.get_opcodes() if op[0] != "equal"]
+        edited.append(out.path)
+    if not edits:
+        return []
+    lines = write_back(book, edits)
+    check_written_back(path, "\n".join(lines), base)
+    write_atomically(path, "\n".join(lines), os.stat(path).st_mode & 0o7777)
+    book = open_book(path)
+    write_outputs(book, tangle_book(book))
+    return edited
+
+def out_line_text(line):
+    return "".join(p.text for p in line)
+
+def check_written_back(path, text, base):
+    """Refuse a write-back unless tangling the new org text reproduces every file on disk."""
+    try:
+        book = open_book(path, text)
+        outputs = tangle_book(book)
+    except Refusal as refusal:
+        raise Refusal(path, refusal.line, f"the edit cannot be written back: {refusal.reason}")
+    for out in outputs:
+        if read_bytes(os.path.join(base, out.path)) != out.text.encode("utf-8"):
+            raise Refusal(out.path, 1, "the edit cannot be written back so that tangling "
+                          "reproduces this file exactly")
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="tangle.py",
+        description="Write the src blocks of Org files into their files, as Emacs's "
+        "org-babel-tangle does (Org 9.5-9.8), refusing what Org versions tangle differently.",
+    )
+    parser.add_argument("files", nargs="*", metavar="FILE.org",
+                        help="org files to tangle (default: mlplcode.org beside tangle/)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true",
+                      help="write nothing; exit 1 and show a diff if any tangled file differs")
+    mode.add_argument("--detangle", action="store_true",
+                      help="write edits made in tangled files back into the org file")
+    args = parser.parse_args(argv)
+    files = args.files or [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mlplcode.org")]
+    for path in files:
+        if not os.path.isfile(path):
+            parser.error(f"{path}: no such file")
+    status = 0
+    for path in files:
+        try:
+            status |= run(path, args)
+        except Refusal as refusal:
+            print(refusal, file=sys.stderr)
+            status = 1
+    return status
+
+def run(path, args):
+    """Tangle, check or detangle one org file; return the exit status."""
+    name = os.path.relpath(path)
+    if args.detangle:
+        edited = detangle(path)
+        print(f"{name}: " + (f"wrote back the edits in {', '.join(edited)}" if edited
+                             else "no tangled file was edited"))
+        return 0
+    book = open_book(path)
+    outputs = tangle_book(book)
+    if args.check:
+        problems = check(book, outputs)
+        sys.stdout.write("".join(problems))
+        print(f"{name}: {len(outputs)} files, " + (f"{len(problems)} problems" if problems
+                                                   else "all match the book"))
+        return 1 if problems else 0
+    written = [p for p in write_outputs(book, outputs) if p != database_name(path)]
+    for orphan in orphans(book, outputs):
+        print(f"not in the book: {orphan} (no block of {name} writes it)")
+    print(f"{name}: {len(outputs)} files, {len(written)} written" + "".join(f"\n  wrote {p}" for p in written))
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())
