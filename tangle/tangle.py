@@ -57,10 +57,11 @@ class Document:
 HEADING = re.compile(r"(\*+) (.*)")
 TODO_PRIORITY = re.compile(r"(?:(?:TODO|DONE) +)?(?:\[#.\] +)?(.*)")
 TAGS = re.compile(r"(.*?)[ \t]+(:[\w@#%:]+:)[ \t]*")
-BEGIN_SRC = re.compile(r"[ \t]*#\+begin_src(?: +(\S+))?(.*)", re.I)
+BEGIN_SRC = re.compile(r"[ \t]*#\+begin_src(?=[ \t]|$)(?: +(\S+))?(.*)", re.I)
 END_SRC = re.compile(r"[ \t]*#\+end_src[ \t]*", re.I)
 BEGIN_RAW = re.compile(r"[ \t]*#\+begin_(example|export|comment|verse)\b", re.I)
-AFFILIATED = re.compile(r"[ \t]*#\+(\w+):[ \t]*(.*?)[ \t]*", re.I)
+KEYWORD = re.compile(r"[ \t]*#\+(\w+):[ \t]*(.*?)[ \t]*", re.I)
+AFFILIATED = re.compile(r"name|headers?|caption|plot|results|attr_\w+", re.I)
 PROPERTY_LINE = re.compile(r"[ \t]*:(\S+):(?:[ \t]+(.*?))?[ \t]*")
 
 def read_org(path, text=None):
@@ -95,6 +96,7 @@ def parse_heading(number, stars, rest, parent):
 def parse_document(path, text=None):
     """Split an Org file into headings, property drawers and src blocks."""
     lines = read_org(path, text)
+    check_file_variables(path, lines)
     blocks, headings, keyword_properties = [], [], []
     heading = None
     i = 0
@@ -112,7 +114,7 @@ def parse_document(path, text=None):
             block, i = read_block(path, lines, i, m, heading)
             blocks.append(block)
             continue
-        if m := AFFILIATED.fullmatch(line):
+        if m := KEYWORD.fullmatch(line):
             check_keyword(path, number, m.group(1).lower(), m.group(2), keyword_properties)
         elif line.lstrip().startswith(":PROPERTIES:"):
             raise Refusal(path, number, "property drawer not directly under a heading")
@@ -156,10 +158,18 @@ def check_keyword(path, number, key, value, keyword_properties):
         raise Refusal(path, number, f"#+{key.upper()} is not supported by this tangler")
     elif key == "filetags" and "ARCHIVE" in value.split(":"):
         raise Refusal(path, number, "#+FILETAGS: :ARCHIVE: is not supported")
-    if "local variables:" in value.lower() or (
-        number == 1 and "-*-" in value and "org-" in value
-    ):
-        raise Refusal(path, number, "file-local variables are not supported")
+
+def check_file_variables(path, lines):
+    """Refuse file-local variables, which could change how Emacs tangles this file."""
+    for number, line in enumerate(lines[:2], 1):
+        if "-*-" in line and re.search(r"\borg-", line):
+            raise Refusal(path, number, "file-local variables are not supported")
+    tail = len("\n".join(lines)) - 3000
+    offset = 0
+    for number, line in enumerate(lines, 1):
+        if offset >= tail and re.search(r"local variables:", line, re.I):
+            raise Refusal(path, number, "file-local variables are not supported")
+        offset += len(line) + 1
 
 def read_block(path, lines, i, begin, heading):
     """Read one src block starting at line index I; return it and the next index."""
@@ -171,19 +181,25 @@ def read_block(path, lines, i, begin, heading):
             raise Refusal(path, j + 1, "a line starting with '* ' inside a block ends it in Org: escape it as ',* '")
     else:
         raise Refusal(path, number, "#+begin_src without #+end_src")
-    headers, name, name_line = [], None, None
+    if not begin.group(1):
+        raise Refusal(path, number, "a src block needs a language: '#+begin_src python'")
+    headers, name, name_line, attached = [], None, None, True
     k = i - 1
-    while k >= 0 and (m := AFFILIATED.fullmatch(lines[k])):
+    while k >= 0 and (m := KEYWORD.fullmatch(lines[k])):
         key = m.group(1).lower()
-        if key in ("header", "headers"):
+        attached = attached and bool(AFFILIATED.fullmatch(key))
+        if key == "name" and not attached:
+            raise Refusal(path, k + 1, "#+NAME is separated from its block by another "
+                          "keyword (Org finds it for noweb but not for links)")
+        if attached and key in ("header", "headers"):
             headers.insert(0, (k + 1, m.group(2)))
-        elif key == "name":
+        elif attached and key == "name":
             name, name_line = m.group(2), k + 1
         k -= 1
     if heading:
         heading.block_count += 1
     block = Block(
-        line=number, language=begin.group(1) or "", arguments=begin.group(2).strip(),
+        line=number, language=begin.group(1), arguments=begin.group(2).strip(),
         headers=headers, name=name, name_line=name_line, heading=heading,
         number=heading.block_count if heading else 0,
         body_line=number + 1, raw_lines=lines[i + 1 : j],
@@ -258,7 +274,8 @@ def read_value(where, key, raw):
 def parse_arguments(where, text):
     """Parse one header-argument string into {key: (value, where)}."""
     if text.strip() and not text.lstrip().startswith(":"):
-        raise Refusal(*where, f"expected ':key value' header arguments, got {text.strip()!r}")
+        raise Refusal(*where, "switches and other text before the header arguments "
+                      f"are not supported: {text.strip()!r}")
     parsed = {}
     for key, raw in split_header_arguments(text):
         parsed[key[1:]] = (read_value(where, key[1:], raw), where)
@@ -291,8 +308,7 @@ def inherited_property(doc, heading, name):
 def block_parameters(doc, block):
     """Merge a block's header arguments: properties, then the block line, then #+HEADER."""
     sources = inherited_property(doc, block.heading, "header-args")
-    if block.language:
-        sources += inherited_property(doc, block.heading, "header-args:" + block.language)
+    sources += inherited_property(doc, block.heading, "header-args:" + block.language)
     sources.append(((doc.path, block.line), block.arguments))
     sources += [((doc.path, line), text) for line, text in block.headers]
     params = {"tangle": ("no", (doc.path, block.line))}
@@ -403,6 +419,9 @@ class Piece:
     k: int
     org_line: int
 
+def line_text(line):
+    return "".join(piece.text for piece in line)
+
 @dataclass
 class Output:
     path: str
@@ -413,7 +432,7 @@ class Output:
 
     @property
     def text(self):
-        return "".join("".join(p.text for p in line) + "\n" for line in self.lines)
+        return "".join(line_text(line) + "\n" for line in self.lines)
 
 @dataclass
 class Book:
@@ -566,8 +585,7 @@ def assemble(book, path, blocks):
                           f"block of {path} (Org versions place and apply them differently)")
         mkdirp = mkdirp or parameter(book, i, "mkdirp") not in (None, "no")
         code = expand(book, i, True)
-        text = "".join(p.text for p in code[0])
-        last = "".join(p.text for p in code[-1])
+        text, last = line_text(code[0]), line_text(code[-1])
         if text[:1] in (" ", "\t") or last[-1:] in (" ", "\t") or not text or not last:
             raise Refusal(book.doc.path, block.line, "the expanded block starts or ends with "
                           "whitespace, which Org trims")
@@ -744,7 +762,7 @@ def spot(line):
     *prefixes, last = line
     if last.kind != "code" or any(p.kind != "prefix" for p in prefixes):
         return None
-    return Spot(last.block, last.k, "".join(p.text for p in prefixes))
+    return Spot(last.block, last.k, line_text(prefixes))
 
 def what_is(line):
     """Name the kind of line a tangled file holds that no block line maps to."""
@@ -810,6 +828,7 @@ def detangle(path):
     if recorded is None:
         raise Refusal(path, 1, f"no {database_name(path)}: tangle once before detangling")
     base, edits, edited = os.path.dirname(path), [], []
+    expected = {out.path: out.text for out in outputs}
     for out in outputs:
         disk = read_bytes(os.path.join(base, out.path))
         record = recorded.get(out.path)
@@ -824,33 +843,34 @@ def detangle(path):
             raise Refusal(out.path, 1, "not UTF-8")
         if not text.endswith("\n"):
             raise Refusal(out.path, text.count("\n") + 1, "no newline at the end of the file")
-        old = [out_line_text(line) for line in out.lines]
+        old = [line_text(line) for line in out.lines]
         new = text[:-1].split("\n")
         matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
         edits += [map_edit(book, out, old, new, op) for op in matcher.get_opcodes() if op[0] != "equal"]
         edited.append(out.path)
+        expected[out.path] = text
     if not edits:
         return []
-    lines = write_back(book, edits)
-    check_written_back(path, "\n".join(lines), base)
-    write_atomically(path, "\n".join(lines), os.stat(path).st_mode & 0o7777)
+    text = "\n".join(write_back(book, edits))
+    check_written_back(path, text, expected)
+    write_atomically(path, text, os.stat(path).st_mode & 0o7777)
     book = open_book(path)
     write_outputs(book, tangle_book(book))
     return edited
 
-def out_line_text(line):
-    return "".join(p.text for p in line)
+def check_written_back(path, text, expected):
+    """Refuse a write-back unless the new org TEXT tangles to exactly the EXPECTED files.
 
-def check_written_back(path, text, base):
-    """Refuse a write-back unless tangling the new org text reproduces every file on disk."""
+    EXPECTED holds the edited files as they are on disk, and every other
+    file as the book wrote it before.
+    """
     try:
-        book = open_book(path, text)
-        outputs = tangle_book(book)
+        produced = {out.path: out.text for out in tangle_book(open_book(path, text))}
     except Refusal as refusal:
-        raise Refusal(path, refusal.line, f"the edit cannot be written back: {refusal.reason}")
-    for out in outputs:
-        if read_bytes(os.path.join(base, out.path)) != out.text.encode("utf-8"):
-            raise Refusal(out.path, 1, "the edit cannot be written back so that tangling "
+        raise Refusal(path, refusal.line, f"the edit cannot be written back: {refusal}")
+    for name, wanted in expected.items():
+        if produced.get(name) != wanted:
+            raise Refusal(name, 1, "the edit cannot be written back so that tangling "
                           "reproduces this file exactly")
 
 def main(argv=None):
@@ -893,14 +913,19 @@ def run(path, args):
     if args.check:
         problems = check(book, outputs)
         sys.stdout.write("".join(problems))
-        print(f"{name}: {len(outputs)} files, " + (f"{len(problems)} problems" if problems
-                                                   else "all match the book"))
+        verdict = count(len(problems), "problem") if problems else "all match the book"
+        print(f"{name}: {count(len(outputs), 'file')}, {verdict}")
         return 1 if problems else 0
     written = [p for p in write_outputs(book, outputs) if p != database_name(path)]
     for orphan in orphans(book, outputs):
         print(f"not in the book: {orphan} (no block of {name} writes it)")
-    print(f"{name}: {len(outputs)} files, {len(written)} written" + "".join(f"\n  wrote {p}" for p in written))
+    print(f"{name}: {count(len(outputs), 'file')}, {len(written)} written")
+    for p in written:
+        print(f"  wrote {p}")
     return 0
+
+def count(n, noun):
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 if __name__ == "__main__":
     sys.exit(main())
