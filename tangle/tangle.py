@@ -53,15 +53,17 @@ class Document:
     blocks: list
     headings: list
     keyword_properties: list
+    hidden_names: dict
 
 HEADING = re.compile(r"(\*+) (.*)")
-TODO_PRIORITY = re.compile(r"(?:(?:TODO|DONE) +)?(?:\[#.\] +)?(.*)")
-TAGS = re.compile(r"(.*?)[ \t]+(:[\w@#%:]+:)[ \t]*")
+TODO_PRIORITY = re.compile(r"(?:(?:TODO|DONE)(?: +|$))?(?:\[#.\] +)?(.*)")
+TAGS = re.compile(r"(.*?)(?:^|[ \t]+)(:[\w@#%:]+:)[ \t]*")
 BEGIN_SRC = re.compile(r"[ \t]*#\+begin_src(?=[ \t]|$)(?: +(\S+))?(.*)", re.I)
 END_SRC = re.compile(r"[ \t]*#\+end_src[ \t]*", re.I)
 BEGIN_RAW = re.compile(r"[ \t]*#\+begin_(example|export|comment|verse)\b", re.I)
 KEYWORD = re.compile(r"[ \t]*#\+(\w+):[ \t]*(.*?)[ \t]*", re.I)
-AFFILIATED = re.compile(r"name|headers?|caption|plot|results|attr_\w+", re.I)
+AFFILIATED = re.compile(r"name|headers?|caption|plot|results|attr_\w+|srcname|tblname|resname|label|data|source", re.I)
+OLD_NAMES = re.compile(r"srcname|tblname|resname|label|data|source", re.I)
 PROPERTY_LINE = re.compile(r"[ \t]*:(\S+):(?:[ \t]+(.*?))?[ \t]*")
 
 def read_org(path, text=None):
@@ -97,7 +99,7 @@ def parse_document(path, text=None):
     """Split an Org file into headings, property drawers and src blocks."""
     lines = read_org(path, text)
     check_file_variables(path, lines)
-    blocks, headings, keyword_properties = [], [], []
+    blocks, headings, keyword_properties, hidden_names = [], [], [], {}
     heading = None
     i = 0
     while i < len(lines):
@@ -108,7 +110,7 @@ def parse_document(path, text=None):
             i = read_property_drawer(path, lines, i + 1, heading)
             continue
         if m := BEGIN_RAW.match(line):
-            i = skip_raw_block(path, lines, i, m.group(1))
+            i = skip_raw_block(path, lines, i, m.group(1), hidden_names)
             continue
         if m := BEGIN_SRC.fullmatch(line):
             block, i = read_block(path, lines, i, m, heading)
@@ -119,7 +121,7 @@ def parse_document(path, text=None):
         elif line.lstrip().startswith(":PROPERTIES:"):
             raise Refusal(path, number, "property drawer not directly under a heading")
         i += 1
-    return Document(path, lines, blocks, headings, keyword_properties)
+    return Document(path, lines, blocks, headings, keyword_properties, hidden_names)
 
 def read_property_drawer(path, lines, i, heading):
     """Collect a heading's :PROPERTIES: drawer; return the next line index."""
@@ -130,20 +132,42 @@ def read_property_drawer(path, lines, i, heading):
     for j in range(i + 1, len(lines)):
         if lines[j].strip().upper() == ":END:":
             return j + 1
+        if HEADING.match(lines[j]):
+            break
         m = PROPERTY_LINE.fullmatch(lines[j])
         if not m:
             raise Refusal(path, j + 1, "malformed line in property drawer")
         key = m.group(1)
-        if key.lower().startswith("header-args") and not key.startswith("header-args"):
-            raise Refusal(path, j + 1, f"write {key.lower()} in lower case")
+        if key.lower().startswith("header-args"):
+            check_header_args_property(path, j + 1, key, m.group(2))
         heading.properties.append((j + 1, key, m.group(2) or ""))
     raise Refusal(path, i + 1, "property drawer without :END:")
 
-def skip_raw_block(path, lines, i, kind):
+def check_header_args_property(path, number, key, value):
+    """Refuse a header-args property that is not in lower case or has no value."""
+    if key != key.lower():
+        raise Refusal(path, number, f"write {key.lower()} in lower case")
+    if not value:
+        raise Refusal(path, number, f"{key} without a value (Org versions treat it differently)")
+
+def skip_raw_block(path, lines, i, kind, hidden_names):
+    """Skip an example, export, comment or verse block; return the next line index."""
     end = re.compile(r"[ \t]*#\+end_" + kind + r"[ \t]*", re.I)
+    open_src = None
     for j in range(i + 1, len(lines)):
         if end.fullmatch(lines[j]):
+            if open_src is not None:
+                raise Refusal(path, open_src, f"#+begin_src without #+end_src inside #+begin_{kind}")
             return j + 1
+        if HEADING.match(lines[j]):
+            raise Refusal(path, j + 1, f"a heading line inside #+begin_{kind} ends it in Org: "
+                          "escape it as ',* '")
+        if BEGIN_SRC.fullmatch(lines[j]):
+            open_src = j + 1
+        elif END_SRC.fullmatch(lines[j]):
+            open_src = None
+        elif (m := KEYWORD.fullmatch(lines[j])) and m.group(1).lower() == "name":
+            hidden_names.setdefault(m.group(2).lower(), j + 1)
     raise Refusal(path, i + 1, f"#+begin_{kind} without #+end_{kind}")
 
 def check_keyword(path, number, key, value, keyword_properties):
@@ -151,8 +175,7 @@ def check_keyword(path, number, key, value, keyword_properties):
     if key == "property":
         name, _, rest = value.partition(" ")
         if name.lower().startswith("header-args"):
-            if name != name.lower():
-                raise Refusal(path, number, f"write {name.lower()} in lower case")
+            check_header_args_property(path, number, name, rest.strip())
             keyword_properties.append((number, name, rest.strip()))
     elif key in ("setupfile", "include", "todo", "seq_todo", "typ_todo"):
         raise Refusal(path, number, f"#+{key.upper()} is not supported by this tangler")
@@ -191,9 +214,13 @@ def read_block(path, lines, i, begin, heading):
         if key == "name" and not attached:
             raise Refusal(path, k + 1, "#+NAME is separated from its block by another "
                           "keyword (Org finds it for noweb but not for links)")
+        if attached and OLD_NAMES.fullmatch(key):
+            raise Refusal(path, k + 1, f"#+{key.upper()} is an old spelling of #+NAME; write #+NAME")
         if attached and key in ("header", "headers"):
             headers.insert(0, (k + 1, m.group(2)))
         elif attached and key == "name":
+            if name is not None:
+                raise Refusal(path, k + 1, f"a second #+NAME for the block (line {name_line})")
             name, name_line = m.group(2), k + 1
         k -= 1
     if heading:
@@ -310,14 +337,22 @@ def block_parameters(doc, block):
     sources = inherited_property(doc, block.heading, "header-args")
     sources += inherited_property(doc, block.heading, "header-args:" + block.language)
     sources.append(((doc.path, block.line), block.arguments))
-    sources += [((doc.path, line), text) for line, text in block.headers]
     params = {"tangle": ("no", (doc.path, block.line))}
     for where, text in sources:
         params.update(parse_arguments(where, text))
-    return params
+    headers = {}
+    for line, text in block.headers:
+        for key, value in parse_arguments((doc.path, line), text).items():
+            if key in headers:
+                raise Refusal(doc.path, line, f":{key} is set on two #+HEADER lines "
+                              "(Org lets the upper one win, which reads backwards)")
+            headers[key] = value
+    return {**params, **headers}
 
 def tangle_target(doc, value, where):
     """Check a :tangle path: relative, normalized and inside the org file's directory."""
+    if value is None:
+        raise Refusal(*where, ":tangle needs a value: a file name or no")
     if value == "yes":
         raise Refusal(*where, ":tangle yes names the file after the language "
                       "(.python without ob-python); write the file name")
@@ -339,6 +374,8 @@ def check_used_parameters(doc, block, params):
             raise Refusal(*where, f":{key} {REFUSED_KEYS[key]}; not supported")
         if key not in HEADER_KEYS:
             raise Refusal(*where, f":{key} is not a header argument this tangler knows")
+        if value is None:
+            raise Refusal(*where, f":{key} needs a value (Org versions read a bare key differently)")
     checks = {
         "noweb": ("yes", "no", "tangle"),
         "comments": ("no", "link"),
@@ -479,6 +516,9 @@ def resolve(book, name, where):
         for _, key, value in heading.properties:
             if key.upper() in ("ID", "CUSTOM_ID") and value == name:
                 raise Refusal(*where, f"<<{name}>> names a heading's {key}; Org would insert its text")
+    if name.lower() in book.doc.hidden_names:
+        raise Refusal(*where, f"<<{name}>>: a #+NAME: {name} line inside a raw block (line "
+                      f"{book.doc.hidden_names[name.lower()]}) would shadow it in Emacs")
     named = book.names.get(name.lower())
     if named is not None:
         block = book.doc.blocks[named]
@@ -553,7 +593,11 @@ def link_comment(book, i, target):
     """The ':comments link' lines around block I, in Emacs's exact format."""
     block = book.doc.blocks[i]
     title = block.heading.title
-    search = block.name or "*" + re.sub(r"\[[0-9]+%\]|\[[0-9]+/[0-9]+\]", "", title).strip()
+    cookies = re.sub(r"\[[0-9]*%\]|\[[0-9]*/[0-9]*\]", "", title)
+    search = block.name or "*" + re.sub(r"[ \t]+", " ", cookies).strip()
+    if not title or any(key.upper() == "CUSTOM_ID" for _, key, _ in block.heading.properties):
+        raise Refusal(book.doc.path, block.line, ":comments link under a heading with no title "
+                      "or with a CUSTOM_ID is not supported")
     if re.search(r"[][\\]", search) or "//" in search or {".", ".."} & set(search.split("/")):
         raise Refusal(book.doc.path, block.line, f":comments link: Org would escape the link to {search!r}")
     name = block.name or f"{title}:{block.number}"
@@ -660,14 +704,18 @@ def write_outputs(book, outputs):
     written = []
     files = [(out.path, out.text, out.mode, out.mkdirp, out.org_line) for out in outputs]
     files.append((database_name(book.doc.path), database_text(outputs), None, False, 1))
+    made = set()
+    for path, text, mode, mkdirp, org_line in files:
+        directory = os.path.dirname(path)
+        if directory and directory not in made and not os.path.isdir(os.path.join(base, directory)):
+            if not mkdirp:
+                raise Refusal(book.doc.path, org_line, f"directory {directory} does "
+                              "not exist; add :mkdirp yes")
+            parts = directory.split("/")
+            made |= {"/".join(parts[:n]) for n in range(1, len(parts) + 1)}
     for path, text, mode, mkdirp, org_line in files:
         full = os.path.join(base, path)
-        directory = os.path.dirname(full)
-        if directory and not os.path.isdir(directory):
-            if not mkdirp:
-                raise Refusal(book.doc.path, org_line, f"directory {os.path.dirname(path)} does "
-                              "not exist; add :mkdirp yes")
-            os.makedirs(directory)
+        os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
         if read_bytes(full) == text.encode("utf-8"):
             if executable(os.stat(full).st_mode) != executable(mode):
                 os.chmod(full, file_mode(mode))

@@ -1,0 +1,379 @@
+"""Parity of tangle/tangle.py with Emacs's org-babel-tangle (Org 9.5.5 on Debian 12).
+
+Corpus (tests/tangle/corpus/):
+
+* accept/*.org -- every feature the tangler supports.  Each file is tangled by
+  our tangler and by batch Emacs in two fresh directories; both must succeed
+  and leave byte-identical trees with identical file modes (our hash database
+  `.FILE.org.tangle.json` is ignored).
+* refuse/*.org -- one refusal each.  Line 1 is `# refuse: LINE: TEXT`: our
+  tangler must exit 1, name `FILE.org:LINE:` and TEXT on stderr, and write
+  nothing.
+* edge/*.org -- corner cases found while probing.  Our tangler must either
+  refuse cleanly (as above, any line) or write exactly what Emacs writes; when
+  Emacs fails on a file, we must refuse it.
+
+A file whose second line starts with `# known mismatch:` (edge) or
+`# known issue:` (refuse) documents a bug in tangle.py that is not fixed yet;
+its test is a strict xfail, so it turns red as soon as the bug is fixed and the
+line should then be removed.
+
+Emacs runs once per org file.  All corpus files are tangled by a single batch
+Emacs process (`org-babel-tangle-file` on each file, in its own directory);
+test_batched_emacs_matches_the_plain_command checks on two files that this
+gives the same trees as the plain per-file command line.  Without emacs on
+PATH the parity tests are skipped with a warning, unless
+MLPLCODE_REQUIRE_EMACS=1, which makes them fail.
+"""
+import concurrent.futures
+import difflib
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TANGLE = ROOT / "tangle" / "tangle.py"
+CORPUS = ROOT / "tests" / "tangle" / "corpus"
+BOOK = ROOT / "mlplcode.org"
+EMACS = shutil.which("emacs")
+EMACS_REQUIRES = ["--eval", "(require 'org)", "--eval", "(require 'ob-python)"]
+TIMEOUT = 120
+
+
+def corpus(kind):
+    return sorted((CORPUS / kind).glob("*.org"))
+
+
+def database(org_name):
+    return "." + org_name + ".tangle.json"
+
+
+def header_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return [f.readline().rstrip("\n"), f.readline().rstrip("\n")]
+
+
+def known_problem(path, label):
+    """The reason given on line 2 as '# LABEL: reason', or None."""
+    second = header_lines(path)[1]
+    prefix = f"# {label}:"
+    return second[len(prefix):].strip() if second.startswith(prefix) else None
+
+
+def params(kind, label=None):
+    """pytest params for a corpus directory; known problems become strict xfails."""
+    result = []
+    for path in corpus(kind):
+        reason = label and known_problem(path, label)
+        marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+        result.append(pytest.param(path, id=path.stem, marks=marks))
+    return result
+
+
+def require_emacs():
+    if EMACS:
+        return
+    reason = "emacs is not on PATH: Emacs parity NOT checked"
+    if os.environ.get("MLPLCODE_REQUIRE_EMACS") == "1":
+        pytest.fail(reason + " (MLPLCODE_REQUIRE_EMACS=1)")
+    warnings.warn(reason + " (set MLPLCODE_REQUIRE_EMACS=1 to make this an error)")
+    pytest.skip(reason)
+
+
+# ---------------------------------------------------------------- running
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_ours(directory, org_name, *args):
+    proc = subprocess.run(
+        [sys.executable, str(TANGLE), *args, org_name], cwd=directory,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def run_emacs_plain(directory, org_name):
+    """The documented batch command, in DIRECTORY."""
+    proc = subprocess.run(
+        [EMACS, "--batch", "-Q", *EMACS_REQUIRES,
+         "--eval", f'(org-babel-tangle-file "{org_name}")'],
+        cwd=directory, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=TIMEOUT,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+EMACS_BATCH = r"""
+(dolist (file command-line-args-left)
+  (let ((default-directory (file-name-directory file)))
+    (condition-case err
+        (progn (org-babel-tangle-file file)
+               (princ (format "OK\t%s\n" file)))
+      (error (princ (format "ERROR\t%s\t%S\n" file err))))))
+(setq command-line-args-left nil)
+"""
+
+
+def run_emacs_batch(org_paths, scratch):
+    """Tangle each org file (absolute paths, one per directory) in one Emacs.
+
+    Returns {path: Result}; an Emacs error in one file does not stop the others.
+    """
+    script = scratch / "tangle-all.el"
+    script.write_text(EMACS_BATCH, encoding="utf-8")
+    proc = subprocess.run(
+        [EMACS, "--batch", "-Q", *EMACS_REQUIRES, "-l", str(script), *map(str, org_paths)],
+        cwd=scratch, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=TIMEOUT,
+    )
+    status = {}
+    for line in proc.stdout.splitlines():
+        word, _, rest = line.partition("\t")
+        if word in ("OK", "ERROR"):
+            file, _, error = rest.partition("\t")
+            status[file] = Result(0 if word == "OK" else 255, "", error)
+    missing = [p for p in org_paths if str(p) not in status]
+    assert not missing, (f"batch Emacs exited {proc.returncode} without tangling {missing}\n"
+                         f"{proc.stderr[-3000:]}")
+    return {Path(p): status[str(p)] for p in org_paths}
+
+
+# ------------------------------------------------------------- comparing
+
+def snapshot(directory, org_name):
+    """{relative path: (kind, bytes or link, mode)} for everything under DIRECTORY."""
+    tree = {}
+    for base, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            full = os.path.join(base, name)
+            rel = os.path.relpath(full, directory)
+            if rel == database(org_name):
+                continue
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                tree[rel] = ("link", os.readlink(full), None)
+            elif stat.S_ISDIR(st.st_mode):
+                tree[rel] = ("dir", None, stat.S_IMODE(st.st_mode))
+            else:
+                with open(full, "rb") as f:
+                    tree[rel] = ("file", f.read(), stat.S_IMODE(st.st_mode))
+    return tree
+
+
+def describe_difference(ours, theirs, their_name="emacs"):
+    lines = []
+    for rel in sorted(set(ours) | set(theirs)):
+        a, b = ours.get(rel), theirs.get(rel)
+        if a == b:
+            continue
+        if a is None or b is None:
+            lines.append(f"{rel}: only written by {'ours' if b is None else their_name}")
+            continue
+        if a[0] != b[0]:
+            lines.append(f"{rel}: ours is a {a[0]}, {their_name}'s a {b[0]}")
+            continue
+        if a[2] != b[2]:
+            lines.append(f"{rel}: mode ours {oct(a[2])} vs {their_name} {oct(b[2])}")
+        if a[1] != b[1]:
+            lines.append(f"{rel}: contents differ")
+            old = b[1].decode("utf-8", "replace").splitlines(keepends=True)
+            new = a[1].decode("utf-8", "replace").splitlines(keepends=True)
+            lines += [repr(line) for line in difflib.unified_diff(
+                old, new, f"{rel} ({their_name})", f"{rel} (ours)", n=2)]
+    return "\n".join(lines)
+
+
+def assert_same_tree(our_dir, their_dir, org_name, their_name="emacs"):
+    ours, theirs = snapshot(our_dir, org_name), snapshot(their_dir, org_name)
+    assert ours == theirs, "trees differ:\n" + describe_difference(ours, theirs, their_name)
+    return ours
+
+
+def assert_clean_refusal(directory, org_name, result, line=None, text=None):
+    """Exit 1, a FILE:LINE: message, no traceback, and nothing written beside the org file."""
+    where = f"{org_name}:{line if line is not None else ''}"
+    assert result.returncode == 1, (
+        f"exit status {result.returncode}, expected a refusal\n{result.stdout}{result.stderr}")
+    assert "Traceback" not in result.stderr, "the tangler crashed:\n" + result.stderr
+    if line is None:
+        assert re.search(rf"^{re.escape(org_name)}:\d+: \S", result.stderr, re.M), (
+            "no 'FILE.org:LINE: reason' message on stderr:\n" + result.stderr)
+    else:
+        assert f"{where}:" in result.stderr, f"stderr does not name {where}:\n{result.stderr}"
+    if text is not None:
+        assert text in result.stderr, f"stderr lacks {text!r}:\n{result.stderr}"
+    written = sorted(set(os.listdir(directory)) - {org_name})
+    assert not written, f"a refusal must write nothing, found {written}"
+
+
+# ----------------------------------------------------- shared corpus runs
+
+@dataclass
+class Case:
+    org: Path
+    ours_dir: Path
+    emacs_dir: Path
+    ours: Result
+    emacs: Result | None
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory):
+    """Tangle every accept/ and edge/ file with both tanglers, and every refuse/ file
+    with ours, concurrently; each in fresh directories."""
+    root = tmp_path_factory.mktemp("tangle-corpus")
+    cases, emacs_orgs, jobs = {}, [], {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        for kind in ("accept", "edge", "refuse"):
+            for org in corpus(kind):
+                ours_dir = root / kind / org.stem / "ours"
+                emacs_dir = root / kind / org.stem / "emacs"
+                ours_dir.mkdir(parents=True)
+                shutil.copy(org, ours_dir / org.name)
+                if kind != "refuse":
+                    emacs_dir.mkdir(parents=True)
+                    shutil.copy(org, emacs_dir / org.name)
+                    emacs_orgs.append(emacs_dir / org.name)
+                jobs[org] = (ours_dir, emacs_dir, pool.submit(run_ours, ours_dir, org.name))
+        emacs = run_emacs_batch(emacs_orgs, root) if EMACS else {}
+        for org, (ours_dir, emacs_dir, job) in jobs.items():
+            cases[org] = Case(org, ours_dir, emacs_dir, job.result(),
+                              emacs.get(emacs_dir / org.name))
+    return cases
+
+
+# ------------------------------------------------------------------ tests
+
+def test_corpus_is_complete():
+    assert len(corpus("accept")) >= 14
+    assert len(corpus("refuse")) >= 25
+    for path in corpus("accept") + corpus("edge"):
+        first = header_lines(path)[0]
+        assert first.startswith("# "), f"{path.name}: line 1 must say what the file exercises"
+        n = len(path.read_text(encoding="utf-8").splitlines())
+        low = 10 if path.parent.name == "accept" else 3
+        assert low <= n <= 60, f"{path.name}: keep corpus files small ({n} lines)"
+    for path in corpus("refuse"):
+        assert re.fullmatch(r"# refuse: \d+: .+", header_lines(path)[0]), path.name
+
+
+@pytest.mark.parametrize("org", params("accept"))
+def test_accept_matches_emacs(org, runs):
+    require_emacs()
+    case = runs[org]
+    assert case.ours.returncode == 0, f"our tangler failed:\n{case.ours.stdout}{case.ours.stderr}"
+    assert "Traceback" not in case.ours.stderr
+    assert case.emacs.returncode == 0, f"Emacs failed on an accept file: {case.emacs.stderr}"
+    tree = assert_same_tree(case.ours_dir, case.emacs_dir, org.name)
+    written = [rel for rel, entry in tree.items() if entry[0] == "file" and rel != org.name]
+    assert written, "an accept file must tangle at least one file"
+    assert tree[org.name][1] == org.read_bytes(), "the org file itself was modified"
+    assert (case.ours_dir / database(org.name)).is_file(), "our database was not written"
+
+
+@pytest.mark.parametrize("org", params("edge", "known mismatch"))
+def test_edge_refused_or_matches_emacs(org, runs):
+    require_emacs()
+    case = runs[org]
+    if case.ours.returncode != 0:
+        assert_clean_refusal(case.ours_dir, org.name, case.ours)
+        return
+    assert case.emacs.returncode == 0, (
+        f"Emacs fails on this file ({case.emacs.stderr}), so our tangler must refuse it; "
+        f"it exited 0:\n{case.ours.stdout}")
+    assert_same_tree(case.ours_dir, case.emacs_dir, org.name)
+
+
+@pytest.mark.parametrize("org", params("refuse", "known issue"))
+def test_refuse(org, runs):
+    line, text = re.fullmatch(r"# refuse: (\d+): (.+)", header_lines(org)[0]).groups()
+    case = runs[org]
+    assert_clean_refusal(case.ours_dir, org.name, case.ours, int(line), text)
+    for target in re.findall(r":tangle (/\S+)", org.read_text(encoding="utf-8")):
+        assert not os.path.exists(target), f"wrote {target} outside the org file's directory"
+
+
+def test_refuse_carriage_returns(tmp_path):
+    """CR line ends are refused at the first line that has one (built here, not committed)."""
+    name = "cr-line-endings.org"
+    (tmp_path / name).write_bytes(
+        b"* H\n#+begin_src python :tangle out.py\r\nx = 1\r\n#+end_src\r\n")
+    result = run_ours(tmp_path, name)
+    assert_clean_refusal(tmp_path, name, result, 2, "carriage return")
+
+
+@pytest.mark.parametrize("name", ["08-comments-link.org", "09-shebang-modes.org"])
+def test_batched_emacs_matches_the_plain_command(name, runs, tmp_path):
+    """The single batch Emacs used for the corpus gives what the plain command gives."""
+    require_emacs()
+    org = CORPUS / "accept" / name
+    shutil.copy(org, tmp_path / org.name)
+    result = run_emacs_plain(tmp_path, org.name)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_tree(tmp_path, runs[org].emacs_dir, org.name, "batched emacs")
+
+
+def test_book_matches_emacs(tmp_path):
+    if not BOOK.is_file():
+        pytest.skip(f"{BOOK.name} does not exist yet")
+    require_emacs()
+    ours_dir, emacs_dir = tmp_path / "ours", tmp_path / "emacs"
+    for directory in (ours_dir, emacs_dir):
+        directory.mkdir()
+        shutil.copy(BOOK, directory / BOOK.name)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        ours_job = pool.submit(run_ours, ours_dir, BOOK.name)
+        emacs = run_emacs_plain(emacs_dir, BOOK.name)
+        ours = ours_job.result()
+    assert ours.returncode == 0, f"our tangler failed on the book:\n{ours.stdout}{ours.stderr}"
+    assert emacs.returncode == 0, f"Emacs failed on the book:\n{emacs.stderr[-3000:]}"
+    assert_same_tree(ours_dir, emacs_dir, BOOK.name)
+
+
+def identities(directory, org_name):
+    return {
+        rel: (st.st_ino, st.st_mtime_ns, stat.S_IMODE(st.st_mode))
+        for rel in snapshot(directory, org_name) if rel != org_name
+        for st in [os.stat(directory / rel)] if stat.S_ISREG(st.st_mode)
+    }
+
+
+def test_second_run_leaves_unchanged_files_alone(tmp_path):
+    org = CORPUS / "accept" / "09-shebang-modes.org"
+    shutil.copy(org, tmp_path / org.name)
+    first = run_ours(tmp_path, org.name)
+    assert first.returncode == 0, first.stderr
+    before = identities(tmp_path, org.name)
+    db = tmp_path / database(org.name)
+    db_before = (db.stat().st_ino, db.stat().st_mtime_ns)
+    assert len(before) >= 4, before
+
+    second = run_ours(tmp_path, org.name)
+    assert second.returncode == 0, second.stderr
+    assert identities(tmp_path, org.name) == before, "an unchanged file was rewritten"
+    assert (db.stat().st_ino, db.stat().st_mtime_ns) == db_before, "the database was rewritten"
+
+    # Changing one block rewrites its file only.
+    text = (tmp_path / org.name).read_text(encoding="utf-8")
+    (tmp_path / org.name).write_text(text.replace('echo "run"', 'echo "run!"'), encoding="utf-8")
+    third = run_ours(tmp_path, org.name)
+    assert third.returncode == 0, third.stderr
+    after = identities(tmp_path, org.name)
+    assert set(after) == set(before)
+    changed = {rel for rel in before if after[rel] != before[rel]}
+    assert changed == {"bin/run.sh"}, changed
+    assert after["bin/run.sh"][2] == 0o755
+    assert b'echo "run!"' in (tmp_path / "bin" / "run.sh").read_bytes()
