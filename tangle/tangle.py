@@ -11,7 +11,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 from dataclasses import dataclass, field
 
 class Refusal(Exception):
@@ -121,7 +120,16 @@ def parse_document(path, text=None):
         elif line.lstrip().startswith(":PROPERTIES:"):
             raise Refusal(path, number, "property drawer not directly under a heading")
         i += 1
+    first_heading_drawer(path, headings)
     return Document(path, lines, blocks, headings, keyword_properties, hidden_names)
+
+def first_heading_drawer(path, headings):
+    """Refuse header-args in the drawer of a heading on line 1: Org 9.5 applies them file-wide."""
+    if headings and headings[0].line == 1:
+        for line, key, _ in headings[0].properties:
+            if key.lower().startswith("header-args"):
+                raise Refusal(path, line, "a heading on line 1 makes Org 9.5 apply its "
+                              "header-args to the whole file; put a line such as #+TITLE first")
 
 def read_property_drawer(path, lines, i, heading):
     """Collect a heading's :PROPERTIES: drawer; return the next line index."""
@@ -252,6 +260,18 @@ def split_header_arguments(text):
     A double-quoted value may contain ' :'; so may a parenthesized one.
     Returns (key, raw value) pairs; a key without a value gets "".
     """
+    if '"' in text or "(" in text:
+        parts = balanced_split(text)
+    else:
+        parts = re.split(r"[ \t](?=:)", text)
+    pairs = []
+    for part in parts:
+        if m := re.fullmatch(r"[ \t]*(\S+)(?:[ \t]+(.*?))?[ \t]*", part):
+            pairs.append((m.group(1), m.group(2) or ""))
+    return pairs
+
+def balanced_split(text):
+    """Split TEXT before each colon that follows a blank, outside quotes and parentheses."""
     parts, current, depth, quoted = [], [], 0, False
     for k, ch in enumerate(text):
         before = text[k - 1] if k else ""
@@ -268,11 +288,7 @@ def split_header_arguments(text):
             current = []
         current.append(ch)
     parts.append("".join(current))
-    pairs = []
-    for part in parts:
-        if m := re.fullmatch(r"[ \t]*(\S+)(?:[ \t]+(.*?))?[ \t]*", part):
-            pairs.append((m.group(1), m.group(2) or ""))
-    return pairs
+    return parts
 
 LISP_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"'}
 
@@ -463,13 +479,10 @@ def line_text(line):
 class Output:
     path: str
     lines: list
+    text: str
     mode: int | None
     mkdirp: bool
     org_line: int
-
-    @property
-    def text(self):
-        return "".join(line_text(line) + "\n" for line in self.lines)
 
 @dataclass
 class Book:
@@ -648,7 +661,12 @@ def assemble(book, path, blocks):
     mode = parameter(book, first, "tangle-mode")
     if mode is None and parameter(book, first, "shebang"):
         mode = 0o755
-    return Output(path, lines, mode, mkdirp, book.doc.blocks[first].line)
+    text = "".join(line_text(line) + "\n" for line in lines)
+    return Output(path, lines, text, mode, mkdirp, book.doc.blocks[first].line)
+
+def base_of(org_path):
+    """The directory an org file's :tangle paths are relative to."""
+    return os.path.dirname(os.path.abspath(org_path))
 
 def database_name(org_path):
     return "." + os.path.basename(org_path) + ".tangle.json"
@@ -678,7 +696,8 @@ def read_bytes(path):
 
 def write_atomically(path, text, mode):
     """Replace PATH with TEXT so that a crash leaves the old file or the new, never half."""
-    fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tangle-")
+    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tangle")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
@@ -700,7 +719,7 @@ def file_mode(mode):
 
 def write_outputs(book, outputs):
     """Write each output (and the database) whose bytes differ; return the paths written."""
-    base = os.path.dirname(book.doc.path)
+    base = base_of(book.doc.path)
     written = []
     files = [(out.path, out.text, out.mode, out.mkdirp, out.org_line) for out in outputs]
     files.append((database_name(book.doc.path), database_text(outputs), None, False, 1))
@@ -730,7 +749,7 @@ def orphans(book, outputs):
     Files the last tangle wrote (per the database) that no block writes
     now are reported too, wherever they are.
     """
-    base = os.path.dirname(book.doc.path)
+    base = base_of(book.doc.path)
     produced = {out.path for out in outputs}
     previous = read_database(book.doc.path).get("files", {})
     owned = {os.path.dirname(p) for p in produced | set(previous) if p.endswith(".py")}
@@ -743,8 +762,18 @@ def orphans(book, outputs):
     return sorted(found)
 
 def read_database(org_path):
-    text = read_bytes(os.path.join(os.path.dirname(org_path), database_name(org_path)))
-    return json.loads(text) if text else {}
+    """The database of the last tangle of ORG_PATH: {} when there is none yet."""
+    name = database_name(org_path)
+    text = read_bytes(os.path.join(base_of(org_path), name))
+    if text is None:
+        return {}
+    try:
+        database = json.loads(text)
+    except ValueError:
+        database = None
+    if not isinstance(database, dict) or not isinstance(database.get("files"), dict):
+        raise Refusal(name, 1, "not a tangle database; delete it and tangle again")
+    return database
 
 def origin(line):
     """The org line an output line comes from: its code if it has some."""
@@ -757,10 +786,16 @@ def hunk_range(start, length):
         return str(start + 1)
     return f"{start + 1 if length else start},{length}"
 
+def split_lines(text):
+    """TEXT as lines that keep their newline; only \\n ends a line."""
+    lines = [line + "\n" for line in text.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
+
 def labelled_diff(org_name, path, disk, out):
     """A unified diff from the file on disk to the book's text, each hunk naming its org line."""
-    old = disk.decode("utf-8", "replace").splitlines(keepends=True)
-    new = out.text.splitlines(keepends=True)
+    old = split_lines(disk.decode("utf-8", "replace"))
+    new = split_lines(out.text)
     diff = [f"--- {path} (on disk)\n", f"+++ {path} (tangled from {org_name})\n"]
     matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
     for group in matcher.get_grouped_opcodes(3):
@@ -780,7 +815,7 @@ def labelled_diff(org_name, path, disk, out):
 
 def check(book, outputs):
     """Compare what the book would write with the disk; return the problems as text."""
-    base, name = os.path.dirname(book.doc.path), book.doc.path
+    base, name = base_of(book.doc.path), book.doc.path
     problems = []
     for out in outputs:
         disk = read_bytes(os.path.join(base, out.path))
@@ -835,6 +870,8 @@ def map_edit(book, out, old, new, opcode):
                          f"({book.doc.path}:{origin(out.lines[i1])} to :{origin(out.lines[i2 - 1])})")
         target, k1, k2 = spots[0], spots[0].k, spots[-1].k + 1
     else:
+        while i1 > 0 and spot(out.lines[i1 - 1]) is None and new[j2 - 1] == old[i1 - 1]:
+            i1, j1, j2 = i1 - 1, j1 - 1, j2 - 1
         above = spot(out.lines[i1 - 1]) if i1 > 0 else None
         below = spot(out.lines[i1]) if i1 < len(old) else None
         if above and below and (above.block, above.k + 1, above.prefix) != (below.block, below.k, below.prefix):
@@ -875,12 +912,13 @@ def detangle(path):
     recorded = read_database(path).get("files")
     if recorded is None:
         raise Refusal(path, 1, f"no {database_name(path)}: tangle once before detangling")
-    base, edits, edited = os.path.dirname(path), [], []
+    base, edits, edited = base_of(path), [], []
     expected = {out.path: out.text for out in outputs}
     for out in outputs:
         disk = read_bytes(os.path.join(base, out.path))
         record = recorded.get(out.path)
-        if disk is None or record is None or hashlib.sha256(disk).hexdigest() == record["sha256"]:
+        if (disk is None or record is None or disk == out.text.encode("utf-8")
+                or hashlib.sha256(disk).hexdigest() == record["sha256"]):
             continue
         if sha256(out.text) != record["sha256"]:
             raise Refusal(out.path, 1, f"both {path} and {out.path} changed since the last tangle; "
@@ -921,8 +959,12 @@ def check_written_back(path, text, expected):
             raise Refusal(name, 1, "the edit cannot be written back so that tangling "
                           "reproduces this file exactly")
 
+class OneLineErrors(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         prog="tangle.py",
         description="Write the src blocks of Org files into their files, as Emacs's "
         "org-babel-tangle does (Org 9.5-9.8), refusing what Org versions tangle differently.",
@@ -964,9 +1006,9 @@ def run(path, args):
         verdict = count(len(problems), "problem") if problems else "all match the book"
         print(f"{name}: {count(len(outputs), 'file')}, {verdict}")
         return 1 if problems else 0
-    written = [p for p in write_outputs(book, outputs) if p != database_name(path)]
     for orphan in orphans(book, outputs):
         print(f"not in the book: {orphan} (no block of {name} writes it)")
+    written = [p for p in write_outputs(book, outputs) if p != database_name(path)]
     print(f"{name}: {count(len(outputs), 'file')}, {len(written)} written")
     for p in written:
         print(f"  wrote {p}")

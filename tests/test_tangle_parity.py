@@ -377,3 +377,17 @@ def test_second_run_leaves_unchanged_files_alone(tmp_path):
     assert changed == {"bin/run.sh"}, changed
     assert after["bin/run.sh"][2] == 0o755
     assert b'echo "run!"' in (tmp_path / "bin" / "run.sh").read_bytes()
+
+
+def test_refuse_header_args_under_a_heading_on_line_1(tmp_path):
+    """Org 9.5 applies such a drawer to the whole file; we refuse rather than copy the quirk."""
+    name = "first-line-heading.org"
+    book = "* A\n:PROPERTIES:\n:header-args:python: :tangle a.py\n:END:\n* B\n#+begin_src python\nx = 1\n#+end_src\n"
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "ours" / name).write_text(book)
+    assert_clean_refusal(tmp_path / "ours", name, run_ours(tmp_path / "ours", name), 3, "heading on line 1")
+    require_emacs()
+    (tmp_path / "emacs").mkdir()
+    (tmp_path / "emacs" / name).write_text(book)
+    assert run_emacs_plain(tmp_path / "emacs", name).returncode == 0
+    assert (tmp_path / "emacs" / "a.py").read_text() == "x = 1\n", "the quirk this refusal exists for"
