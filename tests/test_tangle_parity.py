@@ -23,7 +23,7 @@ Emacs process (`org-babel-tangle-file` on each file, in its own directory);
 test_batched_emacs_matches_the_plain_command checks on two files that this
 gives the same trees as the plain per-file command line.  Without emacs on
 PATH the parity tests are skipped with a warning, unless
-MLPLCODE_REQUIRE_EMACS=1, which makes them fail.
+MLPLCODE_REQUIRE_TOOLS=1, which makes them fail.
 """
 import concurrent.futures
 import difflib
@@ -33,11 +33,12 @@ import shutil
 import stat
 import subprocess
 import sys
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from conftest import require_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 TANGLE = ROOT / "tangle" / "tangle.py"
@@ -79,13 +80,7 @@ def params(kind, label=None):
 
 
 def require_emacs():
-    if EMACS:
-        return
-    reason = "emacs is not on PATH: Emacs parity NOT checked"
-    if os.environ.get("MLPLCODE_REQUIRE_EMACS") == "1":
-        pytest.fail(reason + " (MLPLCODE_REQUIRE_EMACS=1)")
-    warnings.warn(reason + " (set MLPLCODE_REQUIRE_EMACS=1 to make this an error)")
-    pytest.skip(reason)
+    require_tool("emacs", "Emacs parity")
 
 
 # ---------------------------------------------------------------- running

@@ -1,0 +1,115 @@
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from mlplcode.cli import EXAMPLES, main
+from mlplcode.journal import read_events
+
+REPLIES = [
+    "READ calc.py",
+    "READ test_calc.py",
+    "PATCH calc.py\nOLD\ndef add(a, b):\n    return a + b\nNEW\ndef add(a, b):\n    return a + b\n\n\n"
+    "def mul(a, b):\n    return a * b\nEND",
+    "WRITE test_calc.py\nfrom calc import add, mul\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+    "def test_mul():\n    assert mul(2, 3) == 6\nEND",
+    "RUN python -m pytest -q",
+    "DONE added mul and its test",
+]
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "replies.json"
+    path.write_text(json.dumps(REPLIES))
+    return str(path)
+
+
+def test_run_prints_each_step_and_ends_with_the_stop_line(project, script, tmp_path, capsys):
+    journal = str(tmp_path / "run.jsonl")
+    status = main(["run", "Add mul and its test", "--root", project, "--model", f"scripted:{script}",
+                   "--yes", "--journal", journal])
+    lines = capsys.readouterr().out.splitlines()
+    assert status == 0
+    assert lines[0] == "task: Add mul and its test"
+    assert lines[1].split() == ["step", "1", "READ", "calc.py", "allow", "calc.py", "(5", "lines)"]
+    assert "ask, approved" in lines[3]
+    assert lines[-1] == "stop: done"
+    events = read_events(journal)
+    assert events[0]["type"] == "start" and events[-1] == {"type": "stop", "reason": "done",
+                                                           "message": "added mul and its test"}
+
+
+def test_without_a_terminal_every_ask_is_declined(project, script, capsys):
+    status = main(["run", "Add mul", "--root", project, "--model", f"scripted:{script}", "--budget", "3"])
+    out = capsys.readouterr().out
+    assert status == 1
+    assert "ask, declined" in out and out.splitlines()[-1] == "stop: budget"
+    assert "def mul" not in open(os.path.join(project, "calc.py")).read()
+
+
+def test_a_policy_file_is_used(project, script, tmp_path, capsys):
+    policy = tmp_path / "policy.json"
+    policy.write_text('{"read": "deny"}')
+    assert main(["run", "t", "--root", project, "--model", f"scripted:{script}",
+                 "--policy", str(policy)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith("denied: step 1: READ calc.py") and out[-1] == "stop: denied"
+
+
+def test_replay_reproduces_the_events_of_a_run(project, script, tmp_path, capsys):
+    journal = str(tmp_path / "run.jsonl")
+    main(["run", "Add mul and its test", "--root", project, "--model", f"scripted:{script}",
+          "--yes", "--journal", journal])
+    fresh = shutil.copytree(os.path.join(EXAMPLES, "add"), str(tmp_path / "fresh"))
+    replayed = str(tmp_path / "replayed.jsonl")
+    assert main(["replay", journal, "--root", fresh, "--output", replayed]) == 0
+    assert read_events(replayed) == read_events(journal)
+    assert capsys.readouterr().out.splitlines()[-1] == "replay: the events are the same as the journal's"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "t", "--model", "echo"], "the following arguments are required: --root"),
+    (["run", "t", "--root", "/nonexistent", "--model", "echo"], "--root /nonexistent: not a directory"),
+    (["run", "t", "--root", ".", "--model", "gpt"], "unknown model spec 'gpt'"),
+    (["run", "t", "--root", ".", "--model", "echo", "--budget", "0"], "'0' is not a positive whole number"),
+    (["run", "t", "--root", ".", "--model", "echo", "--yes", "--no"], "not allowed with argument"),
+    (["replay", "missing.jsonl", "--root", "."], "missing.jsonl"),
+    (["bogus"], "invalid choice: 'bogus'"),
+])
+def test_bad_arguments_get_one_line_and_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        status = main(argv)
+        raise SystemExit(status)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2
+    assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_an_existing_journal_is_not_appended_to(project, tmp_path, capsys):
+    journal = tmp_path / "old.jsonl"
+    journal.write_text("")
+    assert main(["run", "t", "--root", project, "--model", "echo", "--journal", str(journal)]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_every_command_has_help():
+    for command in (["--help"], ["run", "--help"], ["replay", "--help"], ["demo", "--help"]):
+        result = subprocess.run([sys.executable, "-m", "mlplcode.cli", *command],
+                                capture_output=True, text=True)
+        assert result.returncode == 0 and result.stdout.startswith("usage: mlplcode")
+
+
+def test_the_demo_replays_the_example_to_done_and_leaves_it_untouched(capsys):
+    before = {name: open(os.path.join(EXAMPLES, "add", name)).read()
+              for name in os.listdir(os.path.join(EXAMPLES, "add")) if name.endswith(".py")}
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "stop: done"
+    assert [line.split()[2] for line in out if line.startswith("step")] == [
+        "READ", "READ", "PATCH", "WRITE", "RUN", "DONE"]
+    after = {name: open(os.path.join(EXAMPLES, "add", name)).read() for name in before}
+    assert after == before

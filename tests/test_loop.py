@@ -1,0 +1,134 @@
+from mlplcode.journal import fold
+from mlplcode.loop import run, step
+from mlplcode.models import ModelError
+from mlplcode.policy import DEFAULT_POLICY, always
+
+PATCH_MUL = ("PATCH calc.py\nOLD\ndef add(a, b):\n    return a + b\nNEW\n"
+             "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\nEND")
+WRITE_TEST = ("WRITE test_calc.py\nfrom calc import add, mul\n\n\ndef test_add():\n"
+              "    assert add(2, 3) == 5\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\nEND")
+ADD_MUL = ["READ calc.py", "READ test_calc.py", PATCH_MUL, WRITE_TEST,
+           "RUN python -m pytest -q", "DONE added mul and its test"]
+
+
+def scripted(replies):
+    replies = list(replies)
+    def model(messages):
+        if not replies:
+            raise ModelError("scripted model has no reply left")
+        return replies.pop(0)
+    return model
+
+
+def start(task="Add mul and its test", budget=10, policy=DEFAULT_POLICY):
+    return [{"type": "start", "task": task, "budget": budget, "policy": policy, "model": "test"}]
+
+
+def drive(project, replies, decide=always(True), **kwargs):
+    events = start(**kwargs)
+    reason = run(events, scripted(replies), project, decide, events.append)
+    return reason, fold(events), events
+
+
+def test_the_whole_add_mul_flow_ends_done(project):
+    reason, state, events = drive(project, ADD_MUL)
+    assert reason == "done"
+    assert [s.verdict for s in state.steps] == ["allow", "allow", "ask", "ask", "allow", "allow"]
+    assert [s.approved for s in state.steps] == [None, None, True, True, None, None]
+    assert "def mul(a, b):" in open(f"{project}/calc.py").read()
+    assert state.steps[4].observation["passed"] is True
+    assert state.stop == {"reason": "done", "message": "added mul and its test"}
+
+
+def test_done_without_an_edit_is_not_verified(project):
+    reason, state, _ = drive(project, ["READ calc.py", "DONE all good"], budget=2)
+    assert reason == "budget"
+    assert state.steps[1].observation["text"].startswith("NOT VERIFIED: no file was edited")
+
+
+def test_done_after_an_edit_without_a_test_run_is_not_verified(project):
+    reason, state, _ = drive(project, ADD_MUL[:3] + ["DONE added mul"], budget=4)
+    assert state.steps[3].observation["text"].startswith("NOT VERIFIED: no test run since the last edit")
+
+
+def test_done_after_a_failing_test_run_is_not_verified(project):
+    broken = WRITE_TEST.replace("== 6", "== 7")
+    replies = ["READ calc.py", "READ test_calc.py", PATCH_MUL, broken, "RUN pytest -q", "DONE added mul"]
+    reason, state, _ = drive(project, replies, budget=6)
+    assert state.steps[4].observation["passed"] is False
+    assert state.steps[5].observation["text"].startswith("NOT VERIFIED: the last test run did not pass")
+
+
+def test_a_declined_ask_is_an_observation_and_the_run_goes_on(project):
+    reason, state, _ = drive(project, ["READ calc.py", PATCH_MUL, "READ calc.py"],
+                             decide=always(False), budget=3)
+    assert reason == "budget"
+    assert state.steps[1].approved is False
+    assert state.steps[1].observation["text"].startswith("DECLINED")
+    assert "def mul" not in open(f"{project}/calc.py").read()
+
+
+def test_a_denied_action_ends_the_run_and_names_it(project):
+    reason, state, events = drive(project, ["RUN rm -rf calc.py"])
+    assert reason == "denied"
+    assert "RUN rm -rf calc.py" in events[-1]["message"]
+    assert open(f"{project}/calc.py").read().startswith('"""A tiny')
+
+
+def test_the_policy_can_deny_a_category(project):
+    reason, _, events = drive(project, ["READ calc.py"], policy={**DEFAULT_POLICY, "read": "deny"})
+    assert reason == "denied"
+
+
+def test_the_budget_stops_the_run(project):
+    reason, state, events = drive(project, ["READ calc.py"] * 5, budget=2)
+    assert reason == "budget"
+    assert len(state.steps) == 2
+
+
+def test_a_repeated_reply_is_flagged_then_the_third_is_stuck(project):
+    reason, state, events = drive(project, ["READ calc.py"] * 3)
+    assert state.steps[1].observation["text"].startswith("NOTE: this reply is identical")
+    assert not state.steps[0].observation["text"].startswith("NOTE")
+    assert reason == "stuck"
+    assert state.steps[2].observation is None
+
+
+def test_a_model_failure_stops_the_run_with_error(project):
+    reason, state, events = drive(project, [])
+    assert reason == "error"
+    assert events[-1]["message"] == "scripted model has no reply left"
+
+
+def test_a_parse_error_is_shown_to_the_model_and_the_run_goes_on(project):
+    reason, state, _ = drive(project, ["I think I should read the file.", "READ calc.py"], budget=2)
+    first = state.steps[0]
+    assert first.action == {"error": first.action["error"]}
+    assert first.verdict == "refused"
+    assert first.observation["text"].startswith("PARSE ERROR: ")
+    assert state.steps[1].observation["ok"] is True
+
+
+def test_writing_an_existing_file_unread_is_refused(project):
+    reason, state, _ = drive(project, [PATCH_MUL], budget=1)
+    assert state.steps[0].verdict == "refused"
+    assert "read it first" in state.steps[0].observation["text"]
+    assert "def mul" not in open(f"{project}/calc.py").read()
+
+
+def test_a_new_file_may_be_written_unread(project):
+    reason, state, _ = drive(project, ["WRITE notes.txt\nhello\nEND"], budget=1)
+    assert state.steps[0].observation["ok"] is True
+    assert open(f"{project}/notes.txt").read() == "hello\n"
+
+
+def test_a_tool_failure_is_an_error_observation(project):
+    reason, state, _ = drive(project, ["READ ../outside.txt"], budget=1)
+    assert state.steps[0].observation["ok"] is False
+    assert state.steps[0].observation["text"].startswith("ERROR: ")
+
+
+def test_step_takes_exactly_one_turn(project):
+    events = start()
+    step(events, scripted(["READ calc.py", "READ test_calc.py"]), project, always(True), events.append)
+    assert [e["type"] for e in events] == ["start", "reply", "action", "verdict", "observation"]

@@ -1,0 +1,270 @@
+"""Tests for models: every spec kind, and the HTTP adapter against a real local server."""
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from mlplcode import models
+from mlplcode.models import ModelError, model_from_spec
+
+MESSAGES = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "Say hello."},
+]
+SECRET = "sk-test-5ecret-value"
+
+
+def chat_reply(text):
+    """A chat-completions response body as an OpenAI-compatible server sends it."""
+    message = {"role": "assistant", "content": text}
+    return json.dumps({"choices": [{"index": 0, "message": message}]})
+
+
+# --- echo, scripted, replay ------------------------------------------------
+
+
+def test_echo_returns_the_last_message_content():
+    assert model_from_spec("echo")(MESSAGES) == "Say hello."
+
+
+def test_echo_refuses_no_messages():
+    with pytest.raises(ModelError, match="no messages"):
+        model_from_spec("echo")([])
+
+
+def test_scripted_replies_in_order_then_runs_out(tmp_path):
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(["first", "second"]))
+    model = model_from_spec(f"scripted:{script}")
+    assert [model(MESSAGES), model(MESSAGES)] == ["first", "second"]
+    with pytest.raises(ModelError) as caught:
+        model(MESSAGES)
+    assert str(caught.value) == "scripted model has no reply left (2 used)"
+
+
+@pytest.mark.parametrize("content, complaint", [
+    (None, "cannot read"),
+    ("[\"unclosed", "not valid JSON"),
+    ('{"replies": ["a"]}', "must be a JSON array of strings"),
+    ('["a", 1]', "must be a JSON array of strings"),
+])
+def test_scripted_refuses_a_bad_file_when_built(tmp_path, content, complaint):
+    script = tmp_path / "script.json"
+    if content is not None:
+        script.write_text(content)
+    with pytest.raises(ModelError, match=complaint) as caught:
+        model_from_spec(f"scripted:{script}")
+    assert str(script) in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_replay_uses_only_reply_events_in_order(tmp_path):
+    journal = tmp_path / "run.jsonl"
+    events = [
+        {"type": "prompt", "text": "not a reply"},
+        {"type": "reply", "text": "READ a.py"},
+        {"type": "observation", "text": "print(1)"},
+        {"type": "reply", "text": "DONE"},
+    ]
+    journal.write_text("".join(json.dumps(event) + "\n" for event in events))
+    model = model_from_spec(f"replay:{journal}")
+    assert [model(MESSAGES), model(MESSAGES)] == ["READ a.py", "DONE"]
+    with pytest.raises(ModelError, match=r"^replay model has no reply left \(2 used\)$"):
+        model(MESSAGES)
+
+
+@pytest.mark.parametrize("line, complaint", [
+    ("{not json", "line 2: not JSON"),
+    ('["a list"]', "line 2: not an event"),
+])
+def test_replay_refuses_a_bad_journal_when_built(tmp_path, line, complaint):
+    journal = tmp_path / "run.jsonl"
+    journal.write_text('{"type": "reply", "text": "ok"}\n' + line + "\n")
+    with pytest.raises(ModelError, match=complaint):
+        model_from_spec(f"replay:{journal}")
+
+
+# --- spec parsing ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", [
+    "gpt-4", "echo:x", "scripted:", "replay:", "ollama:", "openai:qwen",
+    "openai:@http://127.0.0.1:1/v1", "openai:qwen@127.0.0.1:1/v1",
+])
+def test_an_unknown_or_malformed_spec_is_a_value_error(spec):
+    with pytest.raises(ValueError, match="use scripted:FILE.json, replay:JOURNAL, echo") as caught:
+        model_from_spec(spec)
+    assert repr(spec) in str(caught.value)
+
+
+def test_timeouts_are_the_documented_constants():
+    assert (models.CONNECT_TIMEOUT, models.READ_TIMEOUT) == (10.0, 300.0)
+    assert models.OLLAMA_BASE_URL == "http://127.0.0.1:11434/v1"
+
+
+# --- the HTTP adapter against a real server on 127.0.0.1 -------------------
+
+DROP = (None, "")  # an answer that closes the connection without a response
+
+
+class ChatServerHandler(BaseHTTPRequestHandler):
+    """Records each request and gives the next planned (status, body) answer."""
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.requests.append({
+            "path": self.path,
+            "authorization": self.headers.get("Authorization"),
+            "body": json.loads(body),
+        })
+        status, text = self.server.answers.pop(0)
+        if status is None:
+            return  # HTTP/1.0: the connection closes with nothing sent
+        if status == "slow":
+            time.sleep(0.5)
+            return
+        payload = text.replace("{authorization}", self.headers.get("Authorization", ""))
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload.encode())))
+        self.end_headers()
+        self.wfile.write(payload.encode())
+
+    def log_message(self, *args):
+        pass  # keep the test output quiet
+
+
+@pytest.fixture(autouse=True)
+def no_proxies(monkeypatch):
+    """httpx honours proxy variables even for 127.0.0.1; the tests must not leave the machine."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+
+
+@pytest.fixture
+def server():
+    """A chat-completions server on 127.0.0.1; set `answers`, read `requests`."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), ChatServerHandler)
+    httpd.answers, httpd.requests = [], []
+    httpd.base_url = f"http://127.0.0.1:{httpd.server_port}/v1"
+    # a short poll interval makes shutdown quick; the default costs 0.5 s a test
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def closed_port():
+    """A port on 127.0.0.1 where nothing listens, so connecting is refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_openai_posts_the_chat_and_returns_the_reply(server):
+    server.answers = [(200, chat_reply("hello"))]
+    model = model_from_spec(f"openai:qwen@{server.base_url}")
+    assert model(MESSAGES) == "hello"
+    [request] = server.requests
+    assert request["path"] == "/v1/chat/completions"
+    assert request["body"] == {"model": "qwen", "messages": MESSAGES, "temperature": 0}
+    assert request["authorization"] is None
+
+
+def test_the_key_is_sent_from_the_named_variable_at_call_time(server, monkeypatch):
+    server.answers = [(200, chat_reply("hello"))]
+    model = model_from_spec(f"openai:qwen@{server.base_url}", api_key_env="MLPL_TEST_KEY")
+    monkeypatch.setenv("MLPL_TEST_KEY", SECRET)
+    assert model(MESSAGES) == "hello"
+    assert server.requests[0]["authorization"] == f"Bearer {SECRET}"
+
+
+def test_a_named_but_unset_key_variable_is_refused_by_name(server, monkeypatch):
+    monkeypatch.delenv("MLPL_TEST_KEY", raising=False)
+    model = model_from_spec(f"openai:qwen@{server.base_url}", api_key_env="MLPL_TEST_KEY")
+    with pytest.raises(ModelError) as caught:
+        model(MESSAGES)
+    assert str(caught.value) == (
+        f"openai:qwen@{server.base_url}: environment variable MLPL_TEST_KEY is not set")
+    assert server.requests == []
+
+
+def test_ollama_is_openai_at_the_local_ollama_url(server, monkeypatch):
+    monkeypatch.setattr(models, "OLLAMA_BASE_URL", server.base_url)
+    server.answers = [(200, chat_reply("hi"))]
+    assert model_from_spec("ollama:qwen2.5-coder:7b")(MESSAGES) == "hi"
+    assert server.requests[0]["path"] == "/v1/chat/completions"
+    assert server.requests[0]["body"]["model"] == "qwen2.5-coder:7b"
+
+
+def test_an_http_error_names_the_status_and_is_not_retried(server):
+    crash = "Traceback (most recent call last):\n  model crashed"
+    server.answers = [(500, crash), (200, chat_reply("no"))]
+    with pytest.raises(ModelError) as caught:
+        model_from_spec(f"openai:qwen@{server.base_url}")(MESSAGES)
+    message = str(caught.value)
+    assert message.startswith(f"openai:qwen@{server.base_url}: HTTP 500: Traceback")
+    assert "model crashed" in message and "\n" not in message
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("body, complaint", [
+    ("this is not json", "reply is not JSON"),
+    ('{"choices": []}', r"reply has no choices\[0\].message.content"),
+    ('{"choices": [{"message": {"content": null}}]}', "content is not a string"),
+])
+def test_a_malformed_reply_is_a_model_error(server, body, complaint):
+    server.answers = [(200, body)]
+    with pytest.raises(ModelError, match=complaint):
+        model_from_spec(f"openai:qwen@{server.base_url}")(MESSAGES)
+
+
+def test_a_dropped_connection_is_retried_once_and_then_succeeds(server):
+    server.answers = [DROP, (200, chat_reply("second time lucky"))]
+    assert model_from_spec(f"openai:qwen@{server.base_url}")(MESSAGES) == "second time lucky"
+    assert len(server.requests) == 2
+
+
+def test_connection_failures_get_exactly_one_retry(server):
+    server.answers = [DROP, DROP, (200, chat_reply("too late"))]
+    with pytest.raises(ModelError, match=r"connection failed: .* \(after one retry\)$"):
+        model_from_spec(f"openai:qwen@{server.base_url}")(MESSAGES)
+    assert len(server.requests) == 2
+
+
+def test_a_refused_connection_is_a_one_line_model_error():
+    base_url = f"http://127.0.0.1:{closed_port()}/v1"
+    with pytest.raises(ModelError) as caught:
+        model_from_spec(f"openai:qwen@{base_url}")(MESSAGES)
+    message = str(caught.value)
+    assert message.startswith(f"openai:qwen@{base_url}: connection failed: ")
+    assert "refused" in message.lower() and message.endswith("(after one retry)")
+
+
+def test_a_read_timeout_is_not_retried(server, monkeypatch):
+    monkeypatch.setattr(models, "READ_TIMEOUT", 0.1)
+    server.answers = [("slow", ""), (200, chat_reply("no"))]
+    with pytest.raises(ModelError, match="no reply within 0.1 s"):
+        model_from_spec(f"openai:qwen@{server.base_url}")(MESSAGES)
+    assert len(server.requests) == 1
+
+
+def test_the_key_never_appears_in_error_messages(server, monkeypatch):
+    monkeypatch.setenv("MLPL_TEST_KEY", SECRET)
+    server.answers = [(401, '{"error": "Incorrect API key provided: {authorization}"}')]
+    model = model_from_spec(f"openai:qwen@{server.base_url}", api_key_env="MLPL_TEST_KEY")
+    with pytest.raises(ModelError) as caught:
+        model(MESSAGES)
+    assert "HTTP 401" in str(caught.value) and "Incorrect API key" in str(caught.value)
+    assert SECRET not in str(caught.value)
+
+    refused = model_from_spec(f"openai:qwen@http://127.0.0.1:{closed_port()}/v1",
+                              api_key_env="MLPL_TEST_KEY")
+    with pytest.raises(ModelError) as caught:
+        refused(MESSAGES)
+    assert SECRET not in str(caught.value)

@@ -1,0 +1,93 @@
+import json
+
+import pytest
+
+from mlplcode.policy import (DEFAULT_POLICY, always, authorize, category, load_policy,
+                             preview, terminal_decider)
+
+READ = {"tool": "read", "path": "calc.py"}
+SEARCH = {"tool": "search", "query": "def add"}
+WRITE = {"tool": "write", "path": "calc.py", "content": "x = 1\n"}
+PATCH = {"tool": "patch", "path": "calc.py", "old": "a\n", "new": "b\n"}
+PYTEST = {"tool": "run", "command": "pytest -q"}
+PY_PYTEST = {"tool": "run", "command": "python -m pytest -q"}
+GIT_STATUS = {"tool": "run", "command": "git status"}
+GIT_DIFF = {"tool": "run", "command": "git diff"}
+SHELL = {"tool": "run", "command": "rm -rf /"}
+DONE = {"tool": "done", "summary": "finished"}
+
+
+@pytest.mark.parametrize("action, expected", [
+    (READ, "allow"), (SEARCH, "allow"), (WRITE, "ask"), (PATCH, "ask"),
+    (PYTEST, "allow"), (PY_PYTEST, "allow"), (GIT_STATUS, "ask"), (GIT_DIFF, "ask"),
+    (SHELL, "deny"), (DONE, "allow"),
+])
+def test_default_policy_row_by_row(action, expected):
+    assert authorize(action, DEFAULT_POLICY) == expected
+
+
+@pytest.mark.parametrize("action, expected", [
+    (READ, "read"), (SEARCH, "search"), (WRITE, "write"), (PATCH, "write"),
+    (PYTEST, "run"), (GIT_DIFF, "git"), (SHELL, "shell"),
+    ({"tool": "run", "command": "git push"}, "shell"),
+    ({"tool": "run", "command": "pytest -q && rm -rf /"}, "shell"),
+])
+def test_category(action, expected):
+    assert category(action) == expected
+
+
+def test_policy_values_are_used():
+    policy = {**DEFAULT_POLICY, "write": "allow", "read": "deny", "git": "allow"}
+    assert authorize(WRITE, policy) == "allow"
+    assert authorize(READ, policy) == "deny"
+    assert authorize(GIT_STATUS, policy) == "allow"
+
+
+def test_shell_is_denied_even_when_the_policy_allows_it():
+    assert authorize(SHELL, {**DEFAULT_POLICY, "shell": "allow"}) == "deny"
+
+
+def test_load_policy_overrides_the_default(tmp_path):
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"write": "allow"}))
+    assert load_policy(str(path)) == {**DEFAULT_POLICY, "write": "allow"}
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"wrte": "allow"}', "unknown category 'wrte'"),
+    ('{"write": "yes"}', "'yes' is not one of allow, ask, deny"),
+    ('["write"]', "a policy is an object"),
+    ("{write: allow}", "not JSON"),
+])
+def test_load_policy_refuses_mistakes(tmp_path, text, message):
+    path = tmp_path / "policy.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_policy(str(path))
+
+
+@pytest.mark.parametrize("answer, approved", [
+    ("y", True), ("yes", True), (" YES ", True), ("n", False), ("", False), ("sure", False),
+])
+def test_terminal_decider_accepts_only_y_or_yes(answer, approved):
+    shown = []
+    decide = terminal_decider(ask=lambda prompt: answer, show=shown.append)
+    assert decide(WRITE) is approved
+    assert shown == ["WRITE calc.py\nx = 1\nEND"]
+
+
+def test_terminal_decider_says_no_at_end_of_input():
+    def closed(prompt):
+        raise EOFError
+    assert terminal_decider(ask=closed, show=lambda text: None)(WRITE) is False
+
+
+def test_preview_shows_a_patch_as_a_diff():
+    text = preview(PATCH)
+    assert text.splitlines()[0] == "PATCH calc.py"
+    assert "-a" in text.splitlines() and "+b" in text.splitlines()
+
+
+def test_always():
+    assert always(True)(WRITE) is True
+    assert always(False)(WRITE) is False

@@ -1,0 +1,497 @@
+"""Tests for tools.py: each tool's success and failure, confinement, bounds and RUN's processes."""
+
+import os
+import stat
+import subprocess
+import time
+
+import pytest
+
+from conftest import require_tool
+
+from mlplcode import tools
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A project root with one file, next to a file outside it that no tool may touch."""
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "hello.txt").write_text("one\ntwo\nthree\n")
+    (tmp_path / "outside.txt").write_text("outside secret\n")
+    return root
+
+
+def act(root, tool, **fields):
+    """Execute one action in root, written as keyword fields."""
+    return tools.execute({"tool": tool, **fields}, str(root))
+
+
+def assert_error(result, *fragments):
+    """Check that an observation is a failure whose text holds every fragment."""
+    assert result["ok"] is False
+    assert result["text"].startswith("ERROR: ")
+    for fragment in fragments:
+        assert fragment in result["text"]
+
+
+# --- execute ---------------------------------------------------------------
+
+def test_unknown_tool_is_an_error(project):
+    assert_error(act(project, "delete", path="hello.txt"), "unknown tool 'delete'", "read")
+
+
+def test_missing_field_is_an_error(project):
+    assert_error(act(project, "write", path="a.txt"), "write needs", "content")
+
+
+# --- confinement -------------------------------------------------------------
+
+DENIED_PATHS = [
+    "../outside.txt",
+    ".env",
+    ".ENV",
+    ".env.local",
+    "config/.env.production",
+    ".git/config",
+    "id_rsa",
+    ".ssh/id_ed25519",
+    "certs/server.pem",
+    "tls.key",
+    "store.p12",
+    ".npmrc",
+    "credentials-prod.json",
+    "deploy/secrets.yaml",
+    "vault/.ENV/notes.txt",
+    "private/notes.txt",  # excluded by .mlplcodeignore
+]
+
+
+@pytest.fixture
+def guarded(project):
+    """The project with a real file at every denied path, so refusals cannot be 'file missing'."""
+    for relative in DENIED_PATHS[1:]:
+        path = project / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("TOP SECRET\n")
+    (project / ".mlplcodeignore").write_text("private/\n")
+    return project
+
+
+@pytest.mark.parametrize("path", DENIED_PATHS)
+def test_read_refuses_denied_paths(guarded, path):
+    result = act(guarded, "read", path=path)
+    assert_error(result, path)
+    assert "SECRET" not in result["text"]
+
+
+@pytest.mark.parametrize("path", DENIED_PATHS)
+def test_write_and_patch_refuse_denied_paths(guarded, path):
+    target = guarded / path
+    assert_error(act(guarded, "write", path=path, content="pwned\n"), path)
+    assert_error(act(guarded, "patch", path=path, old="SECRET", new="pwned"), path)
+    assert "pwned" not in target.read_text()
+
+
+def test_absolute_path_is_refused_even_inside_the_root(project, tmp_path):
+    refusal = "absolute paths are refused"
+    assert_error(act(project, "read", path=str(tmp_path / "outside.txt")), refusal)
+    assert_error(act(project, "write", path=str(tmp_path / "outside.txt"), content="x"), refusal)
+    assert_error(act(project, "read", path=str(project / "hello.txt")), refusal)
+    assert (tmp_path / "outside.txt").read_text() == "outside secret\n"
+
+
+@pytest.mark.parametrize("path", ["", "a\0b"])
+def test_empty_and_nul_paths_are_refused(project, path):
+    assert_error(act(project, "read", path=path), "not a usable path")
+
+
+def test_symlink_pointing_outside_is_refused(project, tmp_path):
+    os.symlink(tmp_path / "outside.txt", project / "link.txt")
+    os.symlink(tmp_path, project / "linkdir")
+    assert_error(act(project, "read", path="link.txt"), "leaves the project root")
+    assert_error(act(project, "write", path="link.txt", content="x"), "leaves the project root")
+    assert_error(act(project, "write", path="linkdir/new.txt", content="x"), "leaves the project")
+    assert (tmp_path / "outside.txt").read_text() == "outside secret\n"
+    assert not (tmp_path / "new.txt").exists()
+
+
+def test_symlink_pointing_inside_is_allowed(project):
+    os.symlink(project / "hello.txt", project / "alias.txt")
+    shown = act(project, "read", path="alias.txt")["text"]
+    assert shown == "alias.txt (3 lines)\none\ntwo\nthree\n"
+    assert act(project, "write", path="alias.txt", content="new\n")["ok"] is True
+    assert (project / "hello.txt").read_text() == "new\n"
+    assert os.path.islink(project / "alias.txt")
+
+
+def test_symlink_to_a_secret_is_refused_by_its_target_name(project):
+    (project / ".env").write_text("KEY=1\n")
+    os.symlink(project / ".env", project / "harmless.txt")
+    assert_error(act(project, "read", path="harmless.txt"), "secrets")
+
+
+def test_resolve_path_gives_the_real_path_or_raises(project):
+    assert tools.resolve_path(str(project), "sub/../hello.txt") == str(project / "hello.txt")
+    with pytest.raises(tools.PathRefused, match="leaves the project root"):
+        tools.resolve_path(str(project), "sub/../../x")
+
+
+def test_mlplcodeignore_can_be_read_but_not_changed(project):
+    (project / ".mlplcodeignore").write_text("*.secret\n")
+    assert act(project, "read", path=".mlplcodeignore")["ok"] is True
+    assert_error(act(project, "write", path=".mlplcodeignore", content=""), "may not change")
+    assert_error(act(project, "patch", path=".mlplcodeignore", old="*", new=""), "may not change")
+    assert (project / ".mlplcodeignore").read_text() == "*.secret\n"
+
+
+def test_unparsable_mlplcodeignore_fails_closed(project):
+    (project / ".mlplcodeignore").write_bytes(b"\xff\xfe*.txt\n")
+    assert_error(act(project, "read", path="hello.txt"), ".mlplcodeignore", "cannot be parsed")
+
+
+# --- READ --------------------------------------------------------------------
+
+def test_read_shows_header_and_content(project):
+    result = act(project, "read", path="hello.txt")
+    assert result == {"ok": True, "text": "hello.txt (3 lines)\none\ntwo\nthree\n"}
+
+
+def test_read_counts_a_last_line_without_newline(project):
+    (project / "short.txt").write_text("a\nb")
+    assert act(project, "read", path="short.txt")["text"] == "short.txt (2 lines)\na\nb"
+
+
+def test_read_missing_file_is_an_error(project):
+    assert_error(act(project, "read", path="nope.txt"), "nope.txt", "no such file", "SEARCH")
+
+
+def test_read_directory_is_an_error(project):
+    (project / "src").mkdir()
+    assert_error(act(project, "read", path="src"), "not a regular file")
+
+
+@pytest.mark.parametrize("data", [b"PNG\x00\x01\x02text", "caf\u00e9".encode("latin-1")])
+def test_read_refuses_binary_and_non_utf8(project, data):
+    (project / "blob.bin").write_bytes(data)
+    assert_error(act(project, "read", path="blob.bin"), "binary or not UTF-8")
+
+
+def test_read_refuses_oversize_file_saying_size_and_cap(project):
+    (project / "big.txt").write_text("x" * (tools.READ_CAP_BYTES + 1))
+    assert_error(act(project, "read", path="big.txt"),
+                 f"{tools.READ_CAP_BYTES + 1} bytes", f"cap of {tools.READ_CAP_BYTES} bytes")
+
+
+# --- SEARCH ------------------------------------------------------------------
+
+@pytest.fixture(params=["python", "ripgrep"])
+def backend(request, monkeypatch):
+    """Run a search test once with each backend; the ripgrep half needs rg on PATH."""
+    if request.param == "ripgrep":
+        require_tool("rg", "SEARCH with ripgrep")
+    if request.param == "python":
+        monkeypatch.setattr(tools.shutil, "which", lambda name: None)
+    return request.param
+
+
+def test_search_finds_literal_text(project, backend):
+    (project / "src").mkdir()
+    (project / "src" / "calc.py").write_text("x = f(a.b)\ny = f(aXb)\n")
+    result = act(project, "search", query="f(a.b)")
+    assert result == {"ok": True, "text": "src/calc.py:1: x = f(a.b)"}
+
+
+def test_search_is_case_sensitive(project, backend):
+    assert act(project, "search", query="TWO")["text"] == "no matches for 'TWO'"
+    assert act(project, "search", query="two")["text"] == "hello.txt:2: two"
+
+
+def test_search_without_matches_is_ok(project, backend):
+    assert act(project, "search", query="zebra") == {"ok": True, "text": "no matches for 'zebra'"}
+
+
+@pytest.mark.parametrize("query", ["", "two\nthree"])
+def test_search_refuses_empty_or_multiline_query(project, query):
+    assert_error(act(project, "search", query=query), "one line")
+
+
+def test_search_hides_ignored_secret_git_and_binary_files(project, backend):
+    files = {
+        ".gitignore": "*.log\nbuild/\n!keep.log\n",
+        ".mlplcodeignore": "private/\n",
+        "app.log": "needle", "keep.log": "needle", "build/out.txt": "needle",
+        ".env": "needle", "sub/.env.local": "needle", ".git/config": "needle",
+        "id_rsa": "needle", "private/plan.txt": "needle", "shown.txt": "needle",
+    }
+    for relative, text in files.items():
+        (project / relative).parent.mkdir(parents=True, exist_ok=True)
+        (project / relative).write_text(text)
+    (project / "image.bin").write_bytes(b"needle\x00\x01")
+    os.symlink(project.parent / "outside.txt", project / "link.txt")
+    (project.parent / "outside.txt").write_text("needle\n")
+    found = act(project, "search", query="needle")["text"]
+    assert found == "keep.log:1: needle\nshown.txt:1: needle"
+
+
+def test_search_caps_matches_and_cuts_long_lines(project, backend):
+    (project / "many.txt").write_text("hit " + "y" * 300 + "\n" + "hit\n" * 59)
+    lines = act(project, "search", query="hit")["text"].split("\n")
+    assert len(lines) == tools.SEARCH_MAX_MATCHES + 1
+    assert lines[0] == "many.txt:1: " + ("hit " + "y" * 300)[:200]
+    assert lines[-1] == "[... 10 more matches in 1 file(s) cut; narrow the query]"
+
+
+def test_search_stops_after_the_file_cap(project, backend):
+    for number in range(tools.SEARCH_MAX_FILES + 5):
+        (project / f"f{number:03}.txt").write_text("hit\n")
+    lines = act(project, "search", query="hit")["text"].split("\n")
+    assert lines[0] == "f000.txt:1: hit"
+    assert lines[-1] == ("[... 150 more matches in 150 file(s) cut; more files match after the"
+                         " first 200; narrow the query]")
+
+
+def test_search_backends_agree(project, monkeypatch):
+    require_tool("rg", "SEARCH with ripgrep")
+    files = {
+        "a/x.txt": "hit one\n", "a.txt": "hit\nno\nhit two\n", "a-b.txt": "hit",
+        "B.txt": "hit", "_u.txt": "hit", "crlf.txt": "hit\r\nhit again\r\n",
+        "bom.txt": "\ufeffhit first\n", "late_nul.txt": "x\n" * 5000 + "hit\0\n",
+        ".gitignore": "*.log\n/top-only.txt\n", "deep/top-only.txt": "hit", "top-only.txt": "hit",
+        "z.log": "hit", "long.txt": "hit" + "z" * 500, "\u00e9t\u00e9.txt": "hit \u00e9",
+    }
+    for relative, text in files.items():
+        (project / relative).parent.mkdir(parents=True, exist_ok=True)
+        (project / relative).write_bytes(text.encode("utf-8"))
+    (project / "latin1.txt").write_bytes("hit caf\u00e9".encode("latin-1"))
+    for number in range(tools.SEARCH_MAX_FILES + 3):
+        (project / "many" / f"{number}.txt").parent.mkdir(exist_ok=True)
+        (project / "many" / f"{number}.txt").write_text("hit\n" if number % 2 else "miss\n")
+    for query in ["hit", "hit again", "\u00e9", "one", "absent", "-e"]:
+        with_ripgrep = act(project, "search", query=query)
+        monkeypatch.setattr(tools.shutil, "which", lambda name: None)
+        with_python = act(project, "search", query=query)
+        monkeypatch.undo()
+        assert with_ripgrep == with_python, query
+
+
+# --- WRITE -------------------------------------------------------------------
+
+def test_write_creates_file_and_parents_with_mode_0644(project):
+    result = act(project, "write", path="pkg/sub/mod.py", content="a = 1\nb = 2\n")
+    assert result == {"ok": True, "text": "wrote pkg/sub/mod.py (2 lines)"}
+    assert (project / "pkg/sub/mod.py").read_text() == "a = 1\nb = 2\n"
+    assert stat.S_IMODE(os.stat(project / "pkg/sub/mod.py").st_mode) == 0o644
+
+
+def test_write_replaces_content_and_keeps_mode(project):
+    script = project / "run.sh"
+    script.write_text("old\n")
+    script.chmod(0o750)
+    assert act(project, "write", path="run.sh", content="new\n")["ok"] is True
+    assert script.read_text() == "new\n"
+    assert stat.S_IMODE(os.stat(script).st_mode) == 0o750
+
+
+def test_write_of_unencodable_text_is_an_error_and_leaves_nothing(project):
+    assert_error(act(project, "write", path="bad.txt", content="half \ud800"), "write failed")
+    assert sorted(os.listdir(project)) == ["hello.txt"]
+
+
+def test_write_refuses_a_directory(project):
+    (project / "src").mkdir()
+    assert_error(act(project, "write", path="src", content="x"), "is a directory")
+
+
+@pytest.mark.parametrize("crash_in", ["fsync", "replace"])
+def test_write_crash_leaves_old_content_and_no_temp_file(project, monkeypatch, crash_in):
+    def crash(*args):
+        """Fail the way a full disk or a lost device would."""
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(tools.os, crash_in, crash)
+    result = act(project, "write", path="hello.txt", content="half")
+    monkeypatch.undo()
+    assert_error(result, "disk on fire")
+    assert (project / "hello.txt").read_text() == "one\ntwo\nthree\n"
+    assert sorted(os.listdir(project)) == ["hello.txt"]
+
+
+# --- PATCH -------------------------------------------------------------------
+
+def test_patch_replaces_the_one_occurrence(project):
+    result = act(project, "patch", path="hello.txt", old="two\nthree\n", new="2\n3\n")
+    assert result == {"ok": True, "text": "patched hello.txt: replaced lines 2-3"}
+    assert (project / "hello.txt").read_text() == "one\n2\n3\n"
+
+
+def test_patch_missing_old_shows_the_closest_lines(project):
+    (project / "code.py").write_text("def f():\n    return 1\n\ndef g():\n    return 2\n")
+    result = act(project, "patch", path="code.py", old="def g():\n  return 2\n", new="x")
+    assert_error(result, "OLD was not found in code.py", "    4 | def g():\n    5 |     return 2")
+    assert (project / "code.py").read_text().startswith("def f():")
+
+
+def test_patch_ambiguous_old_says_how_often_and_where(project):
+    (project / "code.py").write_text("x = 1\ny\nx = 1\nz\nx = 1\n")
+    result = act(project, "patch", path="code.py", old="x = 1", new="x = 2")
+    assert_error(result, "OLD occurs 3 times in code.py, at lines 1, 3, 5")
+    assert (project / "code.py").read_text() == "x = 1\ny\nx = 1\nz\nx = 1\n"
+
+
+def test_patch_counts_overlapping_occurrences_as_ambiguous(project):
+    (project / "row.txt").write_text("aaa\n")
+    assert_error(act(project, "patch", path="row.txt", old="aa", new="b"), "OLD occurs 2 times")
+    assert (project / "row.txt").read_text() == "aaa\n"
+
+
+def test_patch_refuses_empty_old_and_missing_file(project):
+    assert_error(act(project, "patch", path="hello.txt", old="", new="x"), "OLD is empty")
+    assert_error(act(project, "patch", path="nope.py", old="a", new="b"), "no such file")
+
+
+# --- RUN ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("command, kind", [
+    ("pytest -q tests", "run"),
+    ("python -m pytest -x", "run"),
+    ("python3 -m pytest", "run"),
+    ("git status --short", "git"),
+    ("git diff HEAD", "git"),
+    ("git commit -m x", "shell"),
+    ("pytest && rm -rf /", "shell"),
+    ("pytest | tee log", "shell"),
+    ("pytest ; ls", "shell"),
+    ("pytest > out.txt", "shell"),
+    ("pytest -q 2>&1", "shell"),
+    ("pytest $(cat args)", "shell"),
+    ("python script.py", "shell"),
+    ("ls", "shell"),
+    ("", "shell"),
+])
+def test_classify_command(command, kind):
+    assert tools.classify_command(command)[0] == kind
+
+
+def test_classify_command_gives_argv_and_survives_bad_quotes():
+    assert tools.classify_command("python -m pytest -k 'a and b'") == (
+        "run", ["python", "-m", "pytest", "-k", "a and b"])
+    assert tools.classify_command("pytest 'unclosed") == ("shell", [])
+
+
+def test_program_argv_runs_our_pytest_and_git_without_pager():
+    assert tools.program_argv("run", ["python3", "-m", "pytest", "-q"]) == [
+        tools.sys.executable, "-m", "pytest", "-q"]
+    assert tools.program_argv("run", ["pytest", "-x"]) == [
+        tools.sys.executable, "-m", "pytest", "-x"]
+    assert tools.program_argv("git", ["git", "diff"]) == ["git", "--no-pager", "diff"]
+
+
+def test_run_refuses_a_shell_command(project):
+    result = act(project, "run", command="pytest && rm hello.txt")
+    assert_error(result, "not an allowed program; RUN accepts pytest, python -m pytest,"
+                 " git status, git diff")
+    assert (project / "hello.txt").exists()
+
+
+def write_test(root, body):
+    """Put a test module into the project for RUN to run."""
+    (root / "test_it.py").write_text("import os, subprocess, sys, time\n\n" + body)
+
+
+def test_run_pytest_pass(project):
+    write_test(project, "def test_ok():\n    assert True\n")
+    result = act(project, "run", command="pytest -q")
+    assert result["ok"] is True and result["kind"] == "run"
+    assert result["exit_code"] == 0 and result["passed"] is True
+    assert result["text"].startswith("exit code 0\n") and "1 passed" in result["text"]
+
+
+def test_run_pytest_failure(project):
+    write_test(project, "def test_bad():\n    assert 1 == 2\n")
+    result = act(project, "run", command="python3 -m pytest -q")
+    assert result["exit_code"] == 1 and result["passed"] is False
+    assert result["text"].startswith("exit code 1\n") and "1 failed" in result["text"]
+
+
+def test_pytest_passed_reads_the_final_summary():
+    assert tools.pytest_passed(0, "..\n2 passed in 0.1s\n") is True
+    assert tools.pytest_passed(0, "F.\n1 failed, 1 passed in 0.1s\n") is False
+    assert tools.pytest_passed(0, "== 1 passed, 1 error in 0.2s ==") is False
+    assert tools.pytest_passed(1, "1 passed in 0.1s") is False
+
+
+def process_is_running(pid):
+    """Say whether pid is alive; a zombie has exited and only waits to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            state = stat_file.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_run_timeout_kills_the_process_group(project, monkeypatch):
+    monkeypatch.setattr(tools, "RUN_TIMEOUT_SECONDS", 3)
+    write_test(project, "def test_hang():\n"
+               "    sleeper = [sys.executable, '-c', 'import time; time.sleep(60)']\n"
+               "    child = subprocess.Popen(sleeper)\n"
+               "    with open('child.pid', 'w') as pid_file:\n"
+               "        pid_file.write(str(child.pid))\n"
+               "    time.sleep(60)\n")
+    started = time.monotonic()
+    result = act(project, "run", command="pytest -q")
+    assert_error(result, "timed out after 3 s")
+    assert time.monotonic() - started < 10
+    grandchild = int((project / "child.pid").read_text())
+    deadline = time.monotonic() + 5
+    while process_is_running(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not process_is_running(grandchild)
+
+
+def test_cap_output_keeps_head_and_tail():
+    output = "h" * 4000 + "m" * 100 + "t" * 4000
+    assert tools.cap_output(output) == "h" * 4000 + "\n[... 100 characters cut ...]\n" + "t" * 4000
+    assert tools.cap_output("short") == "short"
+
+
+def test_run_output_is_capped(project):
+    write_test(project, "def test_loud():\n    print('START' + 'x' * 20000 + 'END')\n")
+    text = act(project, "run", command="pytest -q -s")["text"]
+    assert "START" in text and "passed" in text
+    assert "characters cut ...]" in text
+    assert len(text) < 8200
+
+
+def test_run_git_status_in_a_real_repository(project):
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    result = act(project, "run", command="git status --short")
+    assert result == {"ok": True, "text": "exit code 0\n?? hello.txt\n", "exit_code": 0,
+                      "kind": "git"}
+
+
+def test_run_git_outside_a_repository_reports_the_exit_code(project):
+    result = act(project, "run", command="git diff HEAD")
+    assert result["ok"] is True and result["kind"] == "git"
+    assert result["exit_code"] != 0 and "passed" not in result
+
+
+@pytest.mark.parametrize("name, secret", [
+    ("OPENAI_API_KEY", True), ("anthropic_api_key", True), ("AWS_SECRET_ACCESS_KEY", True),
+    ("GITHUB_TOKEN", True), ("DB_PASSWORD", True), ("MY_SECRET", True),
+    ("X_API_KEY_2", True), ("PGPASSWORD", True), ("PATH", False), ("HOME", False),
+    ("KEYBOARD", False),
+])
+def test_is_secret_variable(name, secret):
+    assert tools.is_secret_variable(name) is secret
+
+
+def test_run_child_does_not_see_secrets(project, monkeypatch):
+    monkeypatch.setenv("FAKE_SERVICE_TOKEN", "planted-token-123")
+    monkeypatch.setenv("OPENAI_API_KEY", "planted-key-456")
+    monkeypatch.setenv("MLPL_HARMLESS", "visible-789")
+    write_test(project, "def test_env():\n    print(dict(os.environ))\n")
+    text = act(project, "run", command="pytest -q -s")["text"]
+    assert "visible-789" in text
+    assert "planted-token-123" not in text and "planted-key-456" not in text
