@@ -1,6 +1,7 @@
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -113,3 +114,18 @@ def test_the_demo_replays_the_example_to_done_and_leaves_it_untouched(capsys):
         "READ", "READ", "PATCH", "WRITE", "RUN", "DONE"]
     after = {name: open(os.path.join(EXAMPLES, "add", name)).read() for name in before}
     assert after == before
+
+
+def test_a_model_server_that_is_down_stops_the_run_with_error_and_keeps_the_journal(project, tmp_path, capsys):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    journal = str(tmp_path / "run.jsonl")
+    status = main(["run", "Add mul", "--root", project, "--model", f"openai:m@http://127.0.0.1:{port}/v1",
+                   "--journal", journal])
+    out = capsys.readouterr().out.splitlines()
+    assert status == 1 and out[-1] == "stop: error"
+    assert "connection failed" in out[-2]
+    events = read_events(journal)
+    assert [e["type"] for e in events] == ["start", "stop"]
+    assert events[-1]["reason"] == "error"
