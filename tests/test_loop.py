@@ -1,5 +1,7 @@
-from mlplcode.journal import fold
-from mlplcode.loop import run, step
+import pytest
+
+from mlplcode.journal import fold, waiting_step
+from mlplcode.loop import resolve, run, step
 from mlplcode.models import ModelError
 from mlplcode.policy import DEFAULT_POLICY, always
 
@@ -132,3 +134,18 @@ def test_step_takes_exactly_one_turn(project):
     events = start()
     step(events, scripted(["READ calc.py", "READ test_calc.py"]), project, always(True), events.append)
     assert [e["type"] for e in events] == ["start", "reply", "action", "verdict", "observation"]
+
+
+def test_without_a_decider_an_ask_waits_for_resolve(project):
+    events = start()
+    model = scripted(["READ calc.py", ADD_MUL[2]])
+    step(events, model, project, None, events.append)
+    step(events, model, project, None, events.append)
+    waiting = waiting_step(fold(events))
+    assert waiting.number == 2 and waiting.observation is None
+    assert "def mul" not in open(f"{project}/calc.py").read()
+    resolve(events, True, project, events.append)
+    assert waiting_step(fold(events)) is None
+    assert fold(events).steps[-1].observation["text"].startswith("patched calc.py")
+    with pytest.raises(ValueError, match="no action is waiting"):
+        resolve(events, True, project, events.append)

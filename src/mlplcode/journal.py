@@ -85,3 +85,10 @@ def known_paths(state):
         if step.action.get("tool") in ("read", "write")
         and step.observation and step.observation["ok"]
     }
+
+def waiting_step(state):
+    """The step whose ask waits for a person's decision, or None."""
+    last = state.steps[-1] if state.steps else None
+    if last and last.verdict == "ask" and last.approved is None and state.stop is None:
+        return last
+    return None

@@ -1,6 +1,6 @@
 """The loop: one step per model turn, every fact recorded as an event."""
 from .guards import guard, repeat_note
-from .journal import fold
+from .journal import fold, waiting_step
 from .models import ModelError
 from .policy import authorize, category
 from .prompt import build_context
@@ -18,7 +18,8 @@ def step(events, model, root, decide, record):
     """Take one turn: ask, parse, guard, authorize, decide, execute, each recorded.
 
     RECORD appends an event (to EVENTS and the journal). DECIDE answers an
-    ask: True to approve, False to decline.
+    ask: True to approve, False to decline. Without DECIDE an ask is left
+    waiting, for `resolve` to finish when a person has answered.
     """
     state = fold(events)
     if len(state.steps) >= state.budget:
@@ -37,6 +38,8 @@ def step(events, model, root, decide, record):
         return record(stop("stuck", f"step {number}: {reason}"))
     if verdict == "deny":
         return record(stop("denied", f"step {number}: {reason}"))
+    if verdict == "ask" and decide is None:
+        return None
     if verdict == "ask":
         record({"type": "decision", "step": number, "approved": decide(action)})
     carry_out(events, root, record)
@@ -72,6 +75,14 @@ def carry_out(events, root, record):
         return record(stop("done", last.action["summary"]))
     result = execute(last.action, root)
     record(observation(last.number, **{**result, "text": note + result["text"]}))
+
+def resolve(events, approved, root, record):
+    """Decide the ask that waits at the end of EVENTS, then carry its action out."""
+    waiting = waiting_step(fold(events))
+    if waiting is None:
+        raise ValueError("no action is waiting for a decision")
+    record({"type": "decision", "step": waiting.number, "approved": approved})
+    carry_out(events, root, record)
 
 def run(events, model, root, decide, record, on_step=lambda state: None):
     """Step until the run stops; return the stop reason."""
