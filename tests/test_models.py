@@ -45,6 +45,15 @@ def test_scripted_replies_in_order_then_runs_out(tmp_path):
     assert str(caught.value) == "scripted model has no reply left (2 used)"
 
 
+def test_a_resumed_script_starts_after_the_replies_already_used(tmp_path):
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(["first", "second", "third"]))
+    model = model_from_spec(f"scripted:{script}", used=2)
+    assert model(MESSAGES) == "third"
+    with pytest.raises(ModelError, match=r"\(3 used\)$"):
+        model(MESSAGES)
+
+
 @pytest.mark.parametrize("content, complaint", [
     (None, "cannot read"),
     ("[\"unclosed", "not valid JSON"),

@@ -19,14 +19,13 @@ def echo_model(messages):
         raise ModelError("echo model got no messages")
     return messages[-1]["content"]
 
-def model_from_replies(replies, kind):
-    """Answer each call with the next of `replies`, in order.
+def model_from_replies(replies, kind, used=0):
+    """Answer each call with the next of `replies`, in order, after the first `used`.
 
     Refuses a call after the last reply rather than wrapping around, because
     a run that asks for more replies than were written has gone off script.
     """
     replies = list(replies)
-    used = 0
 
     def model(messages):
         nonlocal used
@@ -44,8 +43,8 @@ def read_text(path, label):
     except (OSError, UnicodeDecodeError) as error:
         raise ModelError(f"{label}: cannot read: {error}") from error
 
-def scripted_model(path):
-    """A model whose replies are the strings of the JSON array in `path`.
+def scripted_model(path, used=0):
+    """A model whose replies are the strings of the JSON array in `path`, after the first `used`.
 
     Refuses, when built, a file that is not a JSON array of strings, so a
     broken script stops the CLI before the run starts.
@@ -57,15 +56,15 @@ def scripted_model(path):
         raise ModelError(f"{label}: not valid JSON: {error}") from error
     if not isinstance(replies, list) or not all(isinstance(r, str) for r in replies):
         raise ModelError(f"{label}: must be a JSON array of strings")
-    return model_from_replies(replies, "scripted")
+    return model_from_replies(replies, "scripted", used)
 
-def replay_model(path):
-    """A model that gives again the replies a recorded run received, in order."""
+def replay_model(path, used=0):
+    """A model that gives again the replies a recorded run received, in order, after the first `used`."""
     try:
         events = read_events(path)
     except (OSError, ValueError) as error:
         raise ModelError(f"replay:{path}: {error}") from error
-    return model_from_replies([e["text"] for e in events if e["type"] == "reply"], "replay")
+    return model_from_replies([e["text"] for e in events if e["type"] == "reply"], "replay", used)
 
 CONNECT_TIMEOUT = 10.0  # seconds to open the connection
 READ_TIMEOUT = 300.0  # seconds between bytes of the reply; a local model may think long
@@ -175,8 +174,8 @@ def openai_target(rest, spec):
         raise ValueError(f"malformed model spec {spec!r}; {SPEC_USAGE}")
     return model_name, base_url
 
-def model_from_spec(spec, api_key_env=None):
-    """Build the model a spec string names.
+def model_from_spec(spec, api_key_env=None, used=0):
+    """Build the model a spec string names; a list-backed one starts after `used` replies.
 
     Refuses an unknown spec with ValueError naming the kinds there are;
     `api_key_env` matters only to the HTTP models.
@@ -185,9 +184,9 @@ def model_from_spec(spec, api_key_env=None):
     if spec == "echo":
         return echo_model
     if kind == "scripted" and rest:
-        return scripted_model(Path(rest))
+        return scripted_model(Path(rest), used)
     if kind == "replay" and rest:
-        return replay_model(Path(rest))
+        return replay_model(Path(rest), used)
     if kind == "openai":
         return openai_model(*openai_target(rest, spec), api_key_env)
     if kind == "ollama" and rest:
