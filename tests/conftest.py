@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 import warnings
@@ -22,3 +23,25 @@ def require_tool(program, purpose):
         pytest.fail(reason + " (MLPLCODE_REQUIRE_TOOLS=1)")
     warnings.warn(reason + " (set MLPLCODE_REQUIRE_TOOLS=1 to make this an error)")
     pytest.skip(reason)
+
+
+# The add-mul task as a model would do it, with a WRITE that is declined in
+# favour of a PATCH: the replies shared by the Agent, kernel and transcript tests.
+PATCH_MUL = ("PATCH calc.py\nOLD\ndef add(a, b):\n    return a + b\nNEW\n"
+             "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\nEND")
+WRITE_TEST = ("WRITE test_calc.py\nfrom calc import add, mul\n\n\ndef test_add():\n"
+              "    assert add(2, 3) == 5\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\nEND")
+PATCH_TEST = ("PATCH test_calc.py\nOLD\nfrom calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+              "NEW\nfrom calc import add, mul\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+              "def test_mul():\n    assert mul(2, 3) == 6\nEND")
+ADD_MUL_WITH_A_DENIAL = ["READ calc.py", "READ test_calc.py", PATCH_MUL, WRITE_TEST, PATCH_TEST,
+                         "RUN python -m pytest -q", "DONE added mul and its test"]
+
+
+@pytest.fixture
+def replies(tmp_path):
+    """A scripted model's file holding ADD_MUL_WITH_A_DENIAL."""
+    path = tmp_path / "replies.json"
+    path.write_text(json.dumps(ADD_MUL_WITH_A_DENIAL))
+    return str(path)
+

@@ -6,11 +6,10 @@ import sys
 import tempfile
 
 from .journal import append_event, read_events
-from .loop import headline, run
+from .loop import DEFAULT_BUDGET, headline, run
 from .models import ModelError, model_from_spec
 from .policy import DEFAULT_POLICY, always, load_policy, terminal_decider
 
-DEFAULT_BUDGET = 20
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
 
 def recorder(events, journal):

@@ -26,9 +26,12 @@ def guard(state, reply, action, root):
             return "refused", f"REFUSED: read it first: READ {action['path']} before you change it"
     return None, ""
 
+REPEAT_NOTE = "NOTE: this reply is identical to your previous one.\n"
+
+
 def repeat_note(state):
     """A note for the model when its last reply repeats the one before."""
     steps = state.steps
     if len(steps) >= 2 and steps[-1].reply == steps[-2].reply:
-        return "NOTE: this reply is identical to your previous one.\n"
+        return REPEAT_NOTE
     return ""

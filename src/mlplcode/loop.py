@@ -84,6 +84,8 @@ def resolve(events, approved, root, record):
     record({"type": "decision", "step": waiting.number, "approved": approved})
     carry_out(events, root, record)
 
+DEFAULT_BUDGET = 20
+
 def run(events, model, root, decide, record, on_step=lambda state: None):
     """Step until the run stops; return the stop reason."""
     while fold(events).stop is None:

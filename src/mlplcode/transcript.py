@@ -1,0 +1,126 @@
+"""Transcripts: a run rendered from its journal as Markdown, Org or a notebook."""
+import os
+import re
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from .journal import fold, read_events, waiting_step
+from .show import as_markdown, bundle, note_view, step_view, stop_view, waiting_view
+
+TRANSCRIPT_WORDS = {"decide": "a decision on the last step"}
+
+def start_view(start):
+    """The facts of a run's start: its task, root, model, budget and policy."""
+    policy = " ".join(f"{category}={verdict}" for category, verdict in start["policy"].items())
+    return [("title", "", f"mlplcode run {start.get('run', '')}".rstrip()), ("block", "task", start["task"]),
+            ("line", "root", start.get("root", "not recorded")), ("line", "model", start["model"]),
+            ("line", "budget", str(start["budget"])), ("line", "policy", policy)]
+
+def sections(events):
+    """The run of EVENTS as [(kind, step number, view)], each view titled, in the order things happened."""
+    state = fold(events)
+    result = [("task", None, start_view(events[0]))]
+    steps = 0
+    for event in events:
+        if event["type"] == "note":
+            result.append(("note", steps, [("title", "", "note from the human")] + note_view(event["text"])))
+        elif event["type"] == "reply":
+            steps = event["step"]
+            result.append(("step", steps, step_view(state, state.steps[steps - 1])))
+    waiting = waiting_step(state)
+    if waiting:
+        result.append(("ask", waiting.number, [("title", "", "waiting")] + waiting_view(TRANSCRIPT_WORDS)))
+    if state.stop:
+        result.append(("stop", steps, [("title", "", "stop")] + stop_view(state.stop)))
+    return result
+
+def transcript_view(events):
+    return [part for _, _, view in sections(events) for part in view]
+
+def markdown(events):
+    parts = [as_markdown(view, level=1 if kind == "task" else 2) for kind, _, view in sections(events)]
+    return "\n".join(parts)
+
+def org(events):
+    """The run of EVENTS as an Org document: a title, then a section per note, step and stop."""
+    lines = []
+    for kind, _, view in sections(events):
+        title, body = view[0][2], view[1:]
+        lines.append(f"#+TITLE: {title}" if kind == "task" else f"* {title}")
+        for part, label, text in body:
+            if part == "line":
+                lines.append(f"{label}: {text}")
+            else:
+                block = "src diff" if part == "diff" else "example"
+                lines += [f"{label}:", f"#+begin_{block}", org_escape(text.rstrip("\n")),
+                          f"#+end_{block.split()[0]}"]
+        lines.append("")
+    return "\n".join(lines)
+
+def org_escape(text):
+    """TEXT with a comma before each line that Org would otherwise read as a heading or a keyword."""
+    return re.sub(r"(?m)^([ \t]*)(,*(?:\*|#\+))", r"\1,\2", text)
+
+def notebook(events):
+    """The run of EVENTS as a notebook of the cells that would have driven it."""
+    start, state = events[0], fold(events)
+    cells = [new_markdown_cell(f"# mlplcode run {start.get('run', '')}\n\nRendered from the run's journal."),
+             new_code_cell(settings_source(start))]
+    views = {(kind, number): view for kind, number, view in sections(events)}
+
+    def output(kind, number, view):
+        return new_output("display_data", data=bundle(view),
+                          metadata={"mlplcode": {"run": start.get("run"), "step": number, "kind": kind}})
+
+    cells.append(new_code_cell("%%task\n" + start["task"], outputs=[output("task", None, views["task", None])]))
+    number, step_cell = 0, None
+    for index, event in enumerate(events):
+        after = events[index + 1] if index + 1 < len(events) else {}
+        if event["type"] == "note" and not (after.get("type") == "decision" and not after["approved"]):
+            cells.append(new_code_cell(event["text"], outputs=[output("note", number, note_view(event["text"]))]))
+        elif event["type"] == "reply":
+            number = event["step"]
+            step_cell = new_code_cell("%step", outputs=[output("step", number, views["step", number])])
+            cells.append(step_cell)
+        elif event["type"] == "decision" and cells[-1] is step_cell:
+            step_cell.source += "\n" + decision_command(event, events[index - 1])
+        elif event["type"] == "decision":
+            cells.append(new_code_cell(decision_command(event, events[index - 1])))
+    waiting = waiting_step(state)
+    if waiting:
+        cells[-1].outputs.append(output("ask", waiting.number, waiting_view({"decide": "%approve or %deny [reason]"})))
+    if state.stop:
+        cells[-1].outputs.append(output("stop", len(state.steps), stop_view(state.stop)))
+    notebook = new_notebook(cells=cells, metadata={
+        "kernelspec": {"name": "mlplcode", "display_name": "mlplcode", "language": "mlplcode"},
+        "language_info": {"name": "mlplcode"}})
+    nbformat.validate(notebook)
+    return nbformat.writes(notebook)
+
+def settings_source(start):
+    policy = " ".join(f"{category}={verdict}" for category, verdict in start["policy"].items())
+    return (f"%root {start.get('root', '.')}\n%model {start['model']}\n"
+            f"%budget {start['budget']}\n%policy {policy}")
+
+def decision_command(decision, before):
+    """%approve, or %deny with the note recorded just before the "no" as its reason."""
+    if decision["approved"]:
+        return "%approve"
+    return f"%deny {before['text']}" if before["type"] == "note" else "%deny"
+
+WRITERS = {".md": markdown, ".org": org, ".ipynb": notebook}
+
+
+def save(journal, path):
+    """Write the transcript of the run in JOURNAL to PATH, in the format its extension names.
+
+    Returns the number of steps written. Refuses an extension other than .ipynb, .org and .md.
+    """
+    writer = WRITERS.get(os.path.splitext(path)[1])
+    if writer is None:
+        raise ValueError(f"{path}: a transcript is saved as FILE.ipynb, FILE.org or FILE.md")
+    events = read_events(journal)
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(writer(events))
+    return len(fold(events).steps)
