@@ -1,11 +1,14 @@
+import atexit
+import functools
 import json
 import os
 import shutil
+import tempfile
 import warnings
 
 import pytest
 
-from mlplcode.cli import EXAMPLES
+from mlplcode.cli import EXAMPLES, install_kernel
 
 
 @pytest.fixture
@@ -45,3 +48,16 @@ def replies(tmp_path):
     path.write_text(json.dumps(ADD_MUL_WITH_A_DENIAL))
     return str(path)
 
+
+@functools.cache
+def install_kernelspec():
+    """Install the mlplcode kernelspec once, into a temporary JUPYTER_PATH for this test session.
+
+    jupyter_kernel_test reads JUPYTER_PATH when its class is set up, so the
+    test modules call this at import time, not in a fixture.
+    """
+    directory = tempfile.mkdtemp(prefix="mlplcode-jupyter-")
+    atexit.register(shutil.rmtree, directory, True)
+    install_kernel(user=False, prefix=directory)
+    os.environ["JUPYTER_PATH"] = os.path.join(directory, "share", "jupyter")
+    return os.environ["JUPYTER_PATH"]

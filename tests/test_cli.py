@@ -129,3 +129,26 @@ def test_a_model_server_that_is_down_stops_the_run_with_error_and_keeps_the_jour
     events = read_events(journal)
     assert [e["type"] for e in events] == ["start", "stop"]
     assert events[-1]["reason"] == "error"
+
+
+def test_kernel_install_writes_a_kernelspec_for_this_python_under_a_prefix(tmp_path, capsys):
+    assert main(["kernel", "install", "--prefix", str(tmp_path)]) == 0
+    where = tmp_path / "share" / "jupyter" / "kernels" / "mlplcode"
+    assert capsys.readouterr().out == f"installed the mlplcode kernel in {where}\n"
+    spec = json.loads((where / "kernel.json").read_text())
+    assert spec["argv"] == [sys.executable, "-m", "mlplcode.kernel", "-f", "{connection_file}"]
+    assert spec["language"] == "mlplcode"
+
+
+def test_kernel_install_goes_to_the_users_jupyter_directory_by_default(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path))
+    assert main(["kernel", "install"]) == 0
+    assert (tmp_path / "kernels" / "mlplcode" / "kernel.json").exists()
+    assert main(["kernel", "install", "--user"]) == 0  # again: the kernelspec is replaced
+
+
+def test_kernel_install_takes_one_place(capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(["kernel", "install", "--user", "--sys-prefix"])
+    assert caught.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err

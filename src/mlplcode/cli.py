@@ -1,5 +1,6 @@
-"""The mlplcode command line: run, replay and demo."""
+"""The mlplcode command line: run, replay, demo and kernel install."""
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -88,6 +89,25 @@ def command_demo(args):
         _, events = replay(journal, root)
     return 0 if events[-1]["reason"] == "done" else 1
 
+def kernelspec():
+    """The kernel.json that starts the mlplcode kernel with this very Python."""
+    return {"argv": [sys.executable, "-m", "mlplcode.kernel", "-f", "{connection_file}"],
+            "display_name": "mlplcode", "language": "mlplcode"}
+
+def install_kernel(user, prefix):
+    """Write the kernelspec for the user, or under PREFIX; return the directory written."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    with tempfile.TemporaryDirectory() as source:
+        with open(os.path.join(source, "kernel.json"), "w", encoding="utf-8") as file:
+            json.dump(kernelspec(), file, indent=1)
+        return KernelSpecManager().install_kernel_spec(source, "mlplcode", user=user, prefix=prefix)
+
+def command_kernel_install(args):
+    prefix = sys.prefix if args.sys_prefix else args.prefix
+    where = install_kernel(user=prefix is None, prefix=prefix)
+    print(f"installed the mlplcode kernel in {where}")
+    return 0
+
 def existing_directory(path):
     if not os.path.isdir(path):
         raise ValueError(f"--root {path}: not a directory")
@@ -124,6 +144,16 @@ def build_parser():
     demo_parser = commands.add_parser("demo", help="replay the example run on a fresh copy of examples/add",
                                       description="Replay the committed example run on a fresh copy of examples/add.")
     demo_parser.set_defaults(handler=command_demo)
+    kernel_parser = commands.add_parser("kernel", help="install the Jupyter kernel",
+                                        description="Manage the mlplcode Jupyter kernel.")
+    kernel_commands = kernel_parser.add_subparsers(dest="kernel_command", required=True, metavar="COMMAND")
+    install_parser = kernel_commands.add_parser("install", help="install the kernelspec",
+                                                description="Install the kernelspec of the mlplcode kernel.")
+    where = install_parser.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="for this user (the default)")
+    where.add_argument("--sys-prefix", action="store_true", help=f"in this Python environment ({sys.prefix})")
+    where.add_argument("--prefix", metavar="DIR", help="under DIR/share/jupyter/kernels")
+    install_parser.set_defaults(handler=command_kernel_install)
     return parser
 
 def positive(text):

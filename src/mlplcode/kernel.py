@@ -1,0 +1,293 @@
+"""The mlplcode kernel: each notebook cell holds commands that drive an Agent."""
+import difflib
+import os
+import shutil
+import signal
+import tempfile
+import traceback
+
+from ipykernel.kernelapp import IPKernelApp
+from ipykernel.kernelbase import Kernel
+
+from . import __version__
+from .agent import Agent, AgentError
+from .journal import read_events, waiting_step
+from .loop import DEFAULT_BUDGET
+from .models import ModelError, model_from_spec
+from .policy import DEFAULT_POLICY, merge_policy
+from .show import as_text, bundle, note_view, policy_view, prompt_view, state_view
+from .transcript import save, transcript_view
+
+COMMANDS = {
+    "root": ("DIR | --copy DIR", "the project the next run works on; --copy: a fresh copy of DIR in a new temporary directory"),
+    "model": ("SPEC", "the next run's model: scripted:FILE.json, replay:JOURNAL, echo, openai:MODEL@URL or ollama:MODEL"),
+    "budget": ("N", "the next run takes at most N model turns"),
+    "policy": ("CATEGORY=VERDICT ...", "change the next run's policy, e.g. write=ask run=allow"),
+    "task": ("TEXT", "start a run with TEXT as its task (%%task: the task is the rest of the cell)"),
+    "step": ("[N]", "take up to N steps (default 1), stopping early at an ask or at the end of the run"),
+    "run": ("", "take steps until an ask or the end of the run"),
+    "approve": ("", "carry out the action that waits for a decision"),
+    "deny": ("[REASON]", "decline the action that waits; REASON reaches the model as a note"),
+    "show": ("state|prompt|transcript|policy|journal", "show how the run stands, or part of it"),
+    "save": ("FILE.ipynb|FILE.org|FILE.md", "write the run's transcript, rendered from its journal"),
+    "resume": ("JOURNAL", "take up the run recorded in JOURNAL where it stopped"),
+    "help": ("[COMMAND]", "list the commands, or explain one"),
+}
+SHOW_TOPICS = ("state", "prompt", "transcript", "policy", "journal")
+KERNEL_WORDS = {"step": "%step", "decide": "%approve or %deny [reason]", "start": "%task TEXT"}
+
+class UsageError(Exception):
+    """A cell the kernel cannot carry out as written; the message says how to write it."""
+
+def parse_cell(code):
+    """The commands of a cell, [(name, argument)], all checked before any is carried out.
+
+    A cell whose first line does not start with % is one note. Otherwise every
+    line that is not blank is a command, and %%task takes the rest of the cell
+    as its task. Refuses a line that is not a command, and an unknown command.
+    """
+    text = code.strip()
+    if not text:
+        return []
+    if not text.startswith("%"):
+        return [("note", text)]
+    lines = text.splitlines()
+    commands = []
+    for number, line in enumerate(lines, 1):
+        if line.split(maxsplit=1)[:1] == ["%%task"]:
+            if line.strip() != "%%task":
+                raise UsageError("%%task stands alone on its line; the task goes on the lines below it")
+            return commands + [("task", "\n".join(lines[number:]).strip())]
+        if not line.strip():
+            continue
+        if not line.startswith("%"):
+            raise UsageError(f"line {number} is not a command: {line!r}; a note for the model goes in a cell of its own")
+        name, _, argument = line[1:].partition(" ")
+        if name not in COMMANDS:
+            raise UsageError(unknown_command(name))
+        commands.append((name, argument.strip()))
+    return commands
+
+def unknown_command(name):
+    close = difflib.get_close_matches(name, COMMANDS, n=1)
+    guess = f"did you mean %{close[0]}? " if close else ""
+    return f"unknown command %{name}; {guess}%help lists the commands"
+
+def positive(text, usage):
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"{usage}: N is a positive whole number, not {text!r}")
+    return int(text)
+
+def help_view(name=""):
+    """The help for one command, or for all of them."""
+    if name:
+        name = name.lstrip("%")
+        if name not in COMMANDS:
+            raise UsageError(unknown_command(name))
+        return [("line", f"%{name} {COMMANDS[name][0]}".rstrip(), COMMANDS[name][1])]
+    return [("title", "", "mlplcode: one command per line; a cell of plain text is a note for the model")] + [
+        ("line", f"%{command} {arguments}".rstrip(), purpose) for command, (arguments, purpose) in COMMANDS.items()]
+
+class MlplcodeKernel(Kernel):
+    """A Jupyter kernel whose cells are mlplcode commands."""
+    implementation = "mlplcode"
+    implementation_version = __version__
+    banner = "mlplcode: a coding agent, one step per cell (%help lists the commands)"
+    language_info = {"name": "mlplcode", "mimetype": "text/plain", "file_extension": ".txt"}
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.settings = {"root": None, "model": None, "budget": DEFAULT_BUDGET, "policy": DEFAULT_POLICY}
+        self.agent = None
+        self.silent = False
+
+    async def do_execute(self, code, silent, store_history=True, user_expressions=None, allow_stdin=False):
+        """Carry out the cell's commands in order; every failure becomes an error reply."""
+        self.silent = silent
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            for name, argument in parse_cell(code):
+                getattr(self, "command_" + name)(argument)
+        except KeyboardInterrupt:
+            return self.fail("KeyboardInterrupt", "interrupted; the journal keeps the run as far as it got"
+                             " (%show state says where it stands)")
+        except AgentError as error:
+            return self.fail("AgentError", error.said(KERNEL_WORDS))
+        except (UsageError, ValueError, OSError, ModelError) as error:
+            return self.fail(type(error).__name__, str(error))
+        except Exception as error:
+            return self.fail(type(error).__name__, str(error), traceback.format_exception(error))
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        return {"status": "ok", "execution_count": self.execution_count, "payload": [], "user_expressions": {}}
+
+    def fail(self, name, message, lines=None):
+        """Send an error output and return the error reply for it."""
+        content = {"ename": name, "evalue": message, "traceback": lines or [f"{name}: {message}"]}
+        if not self.silent:
+            self.send_response(self.iopub_socket, "error", content)
+        return {"status": "error", "execution_count": self.execution_count, **content}
+
+    def show(self, view, kind, step=None, result=False):
+        """Send VIEW as a rich output tagged with the run, the step and KIND."""
+        if self.silent:
+            return
+        run = self.agent.run_id if self.agent else None
+        content = {"data": bundle(view), "metadata": {"mlplcode": {"run": run, "step": step, "kind": kind}}}
+        if result:
+            self.send_response(self.iopub_socket, "execute_result", {**content, "execution_count": self.execution_count})
+        else:
+            self.send_response(self.iopub_socket, "display_data", content)
+
+    def say(self, text):
+        if not self.silent:
+            self.send_response(self.iopub_socket, "stream", {"name": "stdout", "text": text + "\n"})
+
+    def show_report(self, report):
+        for kind, number, view in report.views(KERNEL_WORDS):
+            self.show(view, kind, number)
+
+    def command_root(self, argument):
+        """%root DIR, or %root --copy DIR."""
+        copy = argument.startswith("--copy ")
+        path = argument.removeprefix("--copy ").strip()
+        if not os.path.isdir(path):
+            raise UsageError(f"%root: {path!r} is not a directory; use %root DIR or %root --copy DIR")
+        if copy:
+            name = os.path.basename(os.path.realpath(path))
+            path = shutil.copytree(path, os.path.join(tempfile.mkdtemp(prefix="mlplcode-"), name))
+        self.settings["root"] = os.path.realpath(path)
+        self.say(f"root: {self.settings['root']}" + (" (a fresh copy)" if copy else ""))
+
+    def command_model(self, argument):
+        model_from_spec(argument)
+        self.settings["model"] = argument
+        self.say(f"model: {argument}")
+
+    def command_budget(self, argument):
+        self.settings["budget"] = positive(argument, "%budget N")
+        self.say(f"budget: {self.settings['budget']}")
+
+    def command_policy(self, argument):
+        """%policy CATEGORY=VERDICT ...: change rows of the next run's policy."""
+        pairs = [word.partition("=") for word in argument.split()]
+        if not pairs or not all(equals for _, equals, _ in pairs):
+            raise UsageError("%policy takes CATEGORY=VERDICT pairs, such as write=ask run=allow")
+        self.settings["policy"] = merge_policy(self.settings["policy"], {k: v for k, _, v in pairs}, "%policy")
+        self.say("policy: " + " ".join(f"{k}={v}" for k, v in self.settings["policy"].items()))
+
+    def command_task(self, argument):
+        if not argument:
+            raise UsageError("%task needs a task: %task TEXT, or %%task with the task on the lines below")
+        for name in ("root", "model"):
+            if self.settings[name] is None:
+                raise UsageError(f"no {name} for the run yet: use %{name} {COMMANDS[name][0]} first")
+        self.agent = Agent.start(argument, self.settings["root"], self.settings["model"],
+                                 budget=self.settings["budget"], policy=self.settings["policy"])
+        self.show(self.state_view(), "task")
+
+    def current(self):
+        """The agent of the run in progress; refuses when there is none."""
+        if self.agent is None:
+            raise UsageError("no run yet: use %task TEXT to start one, or %resume JOURNAL")
+        return self.agent
+
+    def state_view(self):
+        agent = self.current()
+        return state_view(agent.events[0], agent.state, agent.journal)
+
+    def command_step(self, argument):
+        self.show_report(self.current().step(positive(argument, "%step N") if argument else 1))
+
+    def command_run(self, argument):
+        self.no_argument("run", argument)
+        self.show_report(self.current().run())
+
+    def command_approve(self, argument):
+        self.no_argument("approve", argument)
+        self.show_report(self.current().approve())
+
+    def command_deny(self, argument):
+        self.show_report(self.current().deny(argument))
+
+    def command_note(self, text):
+        self.current().note(text)
+        self.show(note_view(text), "note", len(self.agent.state.steps))
+
+    def no_argument(self, name, argument):
+        if argument:
+            raise UsageError(f"%{name} takes no argument")
+
+    def command_resume(self, argument):
+        self.agent = Agent(argument)
+        self.show(self.state_view(), "state")
+        waiting = waiting_step(self.agent.state)
+        if waiting:
+            self.show_report(self.agent.report([waiting.number]))
+
+    def command_show(self, topic):
+        if topic not in SHOW_TOPICS:
+            raise UsageError(f"%show takes one of {', '.join(SHOW_TOPICS)}")
+        self.show(getattr(self, "view_" + topic)(), topic, result=True)
+
+    def view_state(self):
+        if self.agent:
+            return self.state_view()
+        return [("line", name, str(value)) for name, value in self.settings.items()] + [
+            ("line", "run", "none yet: use %task TEXT to start one, or %resume JOURNAL")]
+
+    def view_prompt(self):
+        return prompt_view(self.current().prompt())
+
+    def view_transcript(self):
+        return transcript_view(read_events(self.current().journal))
+
+    def view_policy(self):
+        return policy_view(self.agent.state.policy if self.agent else self.settings["policy"])
+
+    def view_journal(self):
+        journal = self.current().journal
+        return [("line", "journal", journal), ("line", "events", str(len(read_events(journal))))]
+
+    def command_save(self, path):
+        steps = save(self.current().journal, path)
+        self.show([("line", "saved", f"{path} ({steps} steps, from {self.agent.journal})")], "saved")
+
+    def command_help(self, name):
+        self.show(help_view(name), "help", result=True)
+
+    async def do_complete(self, code, cursor_pos):
+        """Complete a command name, a %show topic or a %help command at the cursor."""
+        start = code.rfind("\n", 0, cursor_pos) + 1
+        line = code[start:cursor_pos]
+        command, space, word = line.partition(" ")
+        if not space:
+            word, options = command, ["%" + name for name in COMMANDS] + ["%%task"]
+        elif command == "%show" and " " not in word:
+            options = SHOW_TOPICS
+        elif command == "%help" and " " not in word:
+            options = list(COMMANDS)
+        else:
+            options = []
+        return {"status": "ok", "matches": [option for option in options if option.startswith(word)],
+                "cursor_start": cursor_pos - len(word), "cursor_end": cursor_pos, "metadata": {}}
+
+    async def do_inspect(self, code, cursor_pos, detail_level=0, omit_sections=()):
+        """The help for the command on the cursor's line."""
+        start = code.rfind("\n", 0, cursor_pos) + 1
+        name = code[start:].split("\n", 1)[0].split(" ", 1)[0].lstrip("%")
+        if name not in COMMANDS:
+            return {"status": "ok", "found": False, "data": {}, "metadata": {}}
+        return {"status": "ok", "found": True, "data": {"text/plain": as_text(help_view(name))}, "metadata": {}}
+
+    async def do_is_complete(self, code):
+        try:
+            commands = parse_cell(code)
+        except UsageError:
+            return {"status": "invalid"}
+        if commands[-1:] == [("task", "")]:
+            return {"status": "incomplete", "indent": ""}
+        return {"status": "complete"}
+
+if __name__ == "__main__":
+    IPKernelApp.launch_instance(kernel_class=MlplcodeKernel)

@@ -1,0 +1,241 @@
+"""The mlplcode kernel, driven over jupyter_client as Jupyter drives it."""
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from queue import Empty
+
+import jupyter_kernel_test
+import nbformat
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from conftest import install_kernelspec
+from mlplcode.kernel import COMMANDS, help_view
+from mlplcode.show import as_text
+
+install_kernelspec()  # before any kernel test class is set up
+TIMEOUT = 30
+
+
+class Kernel:
+    """A running mlplcode kernel and a client; `cell` runs one cell and gives its reply and outputs."""
+
+    def __init__(self, cwd, env=None):
+        self.manager, self.client = start_new_kernel(kernel_name="mlplcode", cwd=str(cwd),
+                                                     env=os.environ.copy() if env is None else env)
+
+    def cell(self, code, timeout=TIMEOUT):
+        outputs = []
+        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=outputs.append)
+        shown = [m for m in outputs if m["msg_type"] in ("stream", "display_data", "execute_result", "error")]
+        return reply["content"], shown
+
+    def ok(self, code):
+        reply, outputs = self.cell(code)
+        assert reply["status"] == "ok", reply.get("evalue")
+        return outputs
+
+    def error(self, code):
+        reply, outputs = self.cell(code)
+        assert reply["status"] == "error"
+        assert [m["msg_type"] for m in outputs][-1] == "error"
+        return reply["evalue"]
+
+    def close(self):
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def kernel(tmp_path):
+    running = Kernel(tmp_path)
+    yield running
+    running.close()
+
+
+def kinds(outputs):
+    return [m["content"]["metadata"]["mlplcode"]["kind"] for m in outputs if m["msg_type"] != "stream"]
+
+
+def text(outputs):
+    return "\n".join(m["content"]["data"]["text/plain"] if "data" in m["content"] else m["content"]["text"]
+                     for m in outputs)
+
+
+# --- the protocol, checked by jupyter_kernel_test --------------------------
+
+class MlplcodeKernelTests(jupyter_kernel_test.KernelTests):
+    """Jupyter's conformance tests. They share one kernel, in a scratch directory
+    that holds a project named "hello, world": `%root` echoes the root it was
+    given on stdout, which is the kernel's one honest hello world."""
+    kernel_name = "mlplcode"
+    language_name = "mlplcode"
+    file_extension = ".txt"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.scratch = tempfile.mkdtemp(prefix="mlplcode-kernel-tests-")
+        os.mkdir(os.path.join(cls.scratch, "hello, world"))
+        cls.km, cls.kc = start_new_kernel(kernel_name=cls.kernel_name, cwd=cls.scratch)
+        cls.code_hello_world = f"%root {cls.scratch}/hello, world"
+        cls.kc.execute_interactive(f"{cls.code_hello_world}\n%model echo", timeout=TIMEOUT)
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        shutil.rmtree(cls.scratch, ignore_errors=True)
+
+    code_generate_error = "%approve"
+    code_execute_result = [{"code": "%help deny", "result": as_text(help_view("deny"))},
+                           {"code": "%help", "result": as_text(help_view())}]
+    code_display_data = [{"code": "%task Say hello\n%step", "mime": "text/html"},
+                         {"code": "%step", "mime": "text/markdown"}]
+    completion_samples = [{"text": "%ap", "matches": {"%approve"}},
+                          {"text": "%s", "matches": {"%step", "%show", "%save"}},
+                          {"text": "%show st", "matches": {"state"}}]
+    complete_code_samples = ["%step", "Keep add unchanged.", "%%task\nAdd mul", "%root x\n%step 2"]
+    incomplete_code_samples = ["%%task", "%%task\n\n"]
+    invalid_code_samples = ["%stpe", "%step\nnot a command"]
+    code_inspect_sample = "%deny"
+
+
+# --- the add-mul task, one cell at a time ----------------------------------
+
+def test_the_add_mul_task_with_one_ask_approved_and_one_denied_by_a_cell(kernel, project, replies, tmp_path):
+    settings = kernel.ok(f"%root {project}\n%model scripted:{replies}\n%budget 10\n%policy write=ask run=allow")
+    assert [m["content"]["text"] for m in settings][0] == f"root: {project}\n"
+    assert kinds(kernel.ok("%%task\nAdd mul(a, b) to calc.py\nand its test")) == ["task"]
+    assert kinds(kernel.ok("%run")) == ["step", "step", "step", "ask"]
+    assert "%approve" in kernel.error("%step")
+    shown = kernel.ok("%approve")
+    assert kinds(shown) == ["step"] and "patched calc.py" in text(shown)
+    shown = kernel.ok("%step")
+    assert "waiting: %approve or %deny [reason]" in text(shown)
+    assert "+def test_mul():" in shown[0]["content"]["data"]["text/plain"]  # the WRITE as a diff
+    assert "DECLINED" in text(kernel.ok("%deny patch the test file instead"))
+    prompt = text(kernel.ok("%show prompt"))
+    assert "NOTE FROM THE HUMAN: patch the test file instead" in prompt
+    kernel.ok("%step")
+    kernel.ok("%approve")
+    outputs = kernel.ok("%run")
+    assert kinds(outputs) == ["step", "step", "stop"]
+    assert "stop: done: added mul and its test" in text(outputs)
+    metadata = outputs[0]["content"]["metadata"]["mlplcode"]
+    assert metadata["step"] == 6 and len(metadata["run"]) == 20
+    assert "def test_mul" in open(os.path.join(project, "test_calc.py")).read()
+    assert "%task TEXT" in kernel.error("%step")
+    assert "%task TEXT" in kernel.error("%approve")
+
+    for name in ("t.ipynb", "t.org", "t.md"):
+        assert kinds(kernel.ok(f"%save {name}")) == ["saved"]
+    nbformat.validate(nbformat.read(str(tmp_path / "t.ipynb"), as_version=4))
+    assert open(tmp_path / "t.org").read().count("\n* step ") == 7
+    journal = text(kernel.ok("%show journal")).splitlines()[0].removeprefix("journal: ")
+    assert os.path.dirname(journal) == str(tmp_path)  # the kernel's working directory
+
+
+def test_mistakes_are_error_replies_that_say_what_to_do(kernel, project):
+    assert "%task TEXT" in kernel.error("%approve")
+    assert kernel.error("%stpe") == "unknown command %stpe; did you mean %step? %help lists the commands"
+    assert "no root" in kernel.error("%model echo\n%task t")
+    assert "not a directory" in kernel.error("%root /no/such/dir")
+    assert "unknown category 'wirte'" in kernel.error("%policy wirte=ask")
+    assert "positive whole number" in kernel.error("%budget many")
+    assert "unknown model spec" in kernel.error("%model gpt-4")
+    kernel.ok(f"%root {project}\n%task t")
+    assert "nothing is waiting for a decision: use %step" in kernel.error("%deny no")
+    assert "FILE.ipynb, FILE.org or FILE.md" in kernel.error("%save t.html")
+    assert "line 2 is not a command" in kernel.error("%step\nhello")
+
+
+def test_a_note_cell_reaches_the_next_prompt(kernel, project):
+    kernel.ok(f"%root {project}\n%model echo\n%task Look around")
+    assert kinds(kernel.ok("Keep add unchanged.")) == ["note"]
+    reply = kernel.ok("%step")[0]["content"]["data"]["text/plain"]
+    assert "NOTE FROM THE HUMAN: Keep add unchanged." in reply
+
+
+def test_root_copy_works_on_a_fresh_copy(kernel, project, tmp_path):
+    root = kernel.ok(f"%root --copy {project}")[0]["content"]["text"]
+    copy = root.removeprefix("root: ").removesuffix(" (a fresh copy)\n")
+    assert copy != project and open(os.path.join(copy, "calc.py")).read() == open(os.path.join(project, "calc.py")).read()
+    shutil.rmtree(os.path.dirname(copy))
+
+
+# --- restart and resume ----------------------------------------------------
+
+def test_after_a_restart_resume_takes_the_run_up_at_its_waiting_ask(kernel, project, replies, tmp_path):
+    kernel.ok(f"%root {project}\n%model scripted:{replies}\n%task Add mul")
+    kernel.ok("%step 3")
+    [journal] = tmp_path.glob("mlplcode-*.jsonl")
+    kernel.manager.restart_kernel(now=True)
+    kernel.client.wait_for_ready(timeout=TIMEOUT)
+    assert "no run yet" in kernel.error("%approve")
+    assert kinds(kernel.ok(f"%resume {journal}")) == ["state", "step", "ask"]
+    kernel.ok("%approve")
+    assert "WRITE test_calc.py" in text(kernel.ok("%step"))  # the script goes on at its 4th reply
+
+
+# --- interrupts ------------------------------------------------------------
+
+class SlowChat(BaseHTTPRequestHandler):
+    """A chat-completions server that answers only when `release` is set."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.asked.set()
+        self.server.release.wait(TIMEOUT)
+        body = json.dumps({"choices": [{"message": {"content": "READ calc.py"}}]}).encode()
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            pass  # the interrupted client has gone
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def slow_server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), SlowChat)
+    httpd.asked, httpd.release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    yield httpd
+    httpd.release.set()
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_an_interrupt_cancels_the_step_and_the_run_goes_on(project, tmp_path, slow_server):
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    kernel = Kernel(tmp_path, env=env)
+    try:
+        url = f"http://127.0.0.1:{slow_server.server_port}/v1"
+        kernel.ok(f"%root {project}\n%model openai:slow@{url}\n%task Add mul")
+        kernel.client.execute("%step")
+        assert slow_server.asked.wait(TIMEOUT)
+        interrupted = time.monotonic()
+        kernel.manager.interrupt_kernel()
+        reply = kernel.client.get_shell_msg(timeout=TIMEOUT)["content"]
+        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+        assert time.monotonic() - interrupted < 5
+        assert kernel.manager.is_alive()
+        assert "next: step 1" in text(kernel.ok("%show state"))  # nothing of the cut step was recorded
+        slow_server.release.set()
+        assert "READ calc.py" in text(kernel.ok("%step"))
+    finally:
+        kernel.close()
+
+
+def test_every_command_has_help():
+    for name in COMMANDS:
+        assert as_text(help_view(name)).startswith(f"%{name}")
