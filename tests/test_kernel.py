@@ -152,6 +152,16 @@ def test_mistakes_are_error_replies_that_say_what_to_do(kernel, project):
     assert "line 2 is not a command" in kernel.error("%step\nhello")
 
 
+def test_a_failure_inside_a_step_is_an_error_reply_and_the_kernel_lives(kernel, project, tmp_path):
+    kernel.ok(f"%root {project}\n%model echo\n%task t")
+    [journal] = tmp_path.glob("mlplcode-*.jsonl")
+    journal.unlink()
+    journal.mkdir()  # the journal can no longer be appended to
+    assert "Is a directory" in kernel.error("%step")
+    assert kernel.manager.is_alive()
+    assert "help" in text(kernel.ok("%help help"))
+
+
 def test_a_note_cell_reaches_the_next_prompt(kernel, project):
     kernel.ok(f"%root {project}\n%model echo\n%task Look around")
     assert kinds(kernel.ok("Keep add unchanged.")) == ["note"]
