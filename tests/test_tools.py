@@ -292,8 +292,9 @@ def test_search_backends_agree_at_the_depth_bound(project, monkeypatch):
 
 def test_search_stops_at_its_deadline_and_says_so(project, backend, monkeypatch):
     monkeypatch.setattr(tools, "SEARCH_SECONDS", 0)
-    assert act(project, "search", query="two")["text"] == (
-        "[... the search stopped after 0 s; narrow the query]")
+    lines = act(project, "search", query="two")["text"].split("\n")
+    assert lines[-1] == "[... the search stopped after 0 s; narrow the query]"
+    assert lines[:-1] in ([], ["hello.txt:2: two"])  # ripgrep may answer before it is killed
 
 
 def test_search_skips_what_read_refuses(project, backend, tmp_path):

@@ -689,9 +689,13 @@ def kill_group(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 def secret_paths(root: str) -> list[str]:
-    """Every file and directory in the root whose name marks it secret, symlinks aside."""
+    """Every file and directory in the root whose name marks it secret, symlinks aside.
+
+    .git is not walked: it is read-only in the sandbox, and large.
+    """
     found = []
     for directory, subdirectories, files in os.walk(root):
+        subdirectories[:] = [name for name in subdirectories if name.casefold() != ".git"]
         for name in subdirectories + files:
             path = os.path.join(directory, name)
             if is_secret_name(name) and not os.path.islink(path):
