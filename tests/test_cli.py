@@ -10,6 +10,8 @@ import pytest
 from mlplcode.cli import EXAMPLES, main
 from mlplcode.journal import read_events
 
+from conftest import require_tool
+
 REPLIES = [
     "READ calc.py",
     "READ test_calc.py",
@@ -36,8 +38,9 @@ def test_run_prints_each_step_and_ends_with_the_stop_line(project, script, tmp_p
     lines = capsys.readouterr().out.splitlines()
     assert status == 0
     assert lines[0] == "task: Add mul and its test"
-    assert lines[1].split() == ["step", "1", "READ", "calc.py", "allow", "calc.py", "(5", "lines)"]
-    assert "ask, approved" in lines[3]
+    assert lines[1].startswith("RUN: ")
+    assert lines[2].split() == ["step", "1", "READ", "calc.py", "allow", "calc.py", "(5", "lines)"]
+    assert "ask, approved" in lines[4]
     assert lines[-1] == "stop: done"
     events = read_events(journal)
     assert events[0]["type"] == "start" and events[-1] == {"type": "stop", "reason": "done",
@@ -152,3 +155,25 @@ def test_kernel_install_takes_one_place(capsys):
         main(["kernel", "install", "--user", "--sys-prefix"])
     assert caught.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_the_banner_says_unsandboxed_when_bubblewrap_is_missing(project, script, monkeypatch, capsys):
+    monkeypatch.setattr("mlplcode.trust.find_bubblewrap", lambda root: None)
+    main(["run", "t", "--root", project, "--model", f"scripted:{script}", "--budget", "1"])
+    assert capsys.readouterr().out.splitlines()[1] == (
+        "RUN: unsandboxed: bubblewrap (bwrap) not found; tests run with your user's files and network")
+
+
+def test_the_banner_says_sandboxed_with_bubblewrap(project, script, capsys):
+    require_tool("bwrap", "the sandboxed banner")
+    main(["run", "t", "--root", project, "--model", f"scripted:{script}", "--budget", "1"])
+    assert capsys.readouterr().out.splitlines()[1].startswith("RUN: sandboxed by bubblewrap")
+
+
+def test_step_lines_show_escapes_not_control_characters(project, tmp_path, capsys):
+    (tmp_path / "evil.json").write_text(json.dumps(["READ \x1b]0;owned\x07calc\u202e.py"]))
+    main(["run", "t\x1b[2J", "--root", project, "--model", f"scripted:{tmp_path}/evil.json",
+          "--budget", "1"])
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
+    assert "task: t\\x1b[2J" in out and "READ \\x1b]0;owned\\x07calc\\u202e.py" in out

@@ -149,3 +149,30 @@ def test_without_a_decider_an_ask_waits_for_resolve(project):
     assert fold(events).steps[-1].observation["text"].startswith("patched calc.py")
     with pytest.raises(ValueError, match="no action is waiting"):
         resolve(events, True, project, events.append)
+
+
+def test_an_approval_is_refused_when_the_target_changed_before_resolve(project):
+    events = start()
+    model = scripted(["READ calc.py", ADD_MUL[2]])
+    step(events, model, project, None, events.append)
+    step(events, model, project, None, events.append)
+    assert fold(events).steps[-1].target["path"] == "calc.py"
+    with open(f"{project}/calc.py", "a") as calc:
+        calc.write("# changed while the human was deciding\n")
+    resolve(events, True, project, events.append)
+    assert fold(events).steps[-1].observation["text"].startswith("CHANGED")
+    assert "def mul" not in open(f"{project}/calc.py").read()
+
+
+def test_a_path_the_tools_refuse_is_refused_before_the_policy_asks(project):
+    asked = []
+    reason, state, _ = drive(project, ["WRITE ../outside.txt\nx\nEND"], budget=1,
+                             decide=lambda action: asked.append(action) or True)
+    assert state.steps[0].verdict == "refused" and asked == []
+    assert "leaves the project root" in state.steps[0].observation["text"]
+
+
+def test_a_denied_command_says_which_word_was_refused(project):
+    reason, _, events = drive(project, ["RUN pytest --junitxml=/tmp/x.xml"])
+    assert reason == "denied"
+    assert "option --junitxml is not allowed" in events[-1]["message"]

@@ -91,3 +91,33 @@ def test_preview_shows_a_patch_as_a_diff():
 def test_always():
     assert always(True)(WRITE) is True
     assert always(False)(WRITE) is False
+
+
+@pytest.mark.parametrize("path", ["conftest.py", "tests/conftest.py", "pytest.ini", "pyproject.toml",
+                                  "setup.cfg", "tox.ini", "PYTEST.INI"])
+def test_preview_flags_test_configuration_as_code(path):
+    shown = preview({"tool": "write", "path": path, "content": "x\n"})
+    assert shown.splitlines()[0].startswith("WARNING: ")
+    assert "is code that RUN executes" in shown.splitlines()[0]
+
+
+def test_preview_of_an_ordinary_file_has_no_warning():
+    assert preview(WRITE) == "WRITE calc.py\nx = 1\nEND"
+
+
+def test_preview_shows_the_argv_that_runs():
+    shown = preview(GIT_DIFF).splitlines()
+    assert shown[0] == "runs: git --no-pager -c core.fsmonitor=false diff --no-ext-diff --no-textconv"
+    assert shown[1] == "in: the project root"
+
+
+def test_preview_escapes_and_never_cuts():
+    content = "\x1b[2J" + "line\n" * 50_000
+    shown = preview({"tool": "write", "path": "a.txt", "content": content})
+    assert "\x1b" not in shown and shown.startswith("WRITE a.txt\n\\x1b[2J")
+    assert shown.count("line\n") == 50_000
+
+
+@pytest.mark.parametrize("command", ["pytest --junitxml=x", "git diff --output=x", "pytest -p evil"])
+def test_options_off_the_allow_list_are_denied_before_any_ask(command):
+    assert authorize({"tool": "run", "command": command}, {**DEFAULT_POLICY, "run": "ask"}) == "deny"

@@ -9,7 +9,9 @@ import pytest
 
 from conftest import require_tool
 
-from mlplcode import tools
+import re
+
+from mlplcode import tools, trust
 
 
 @pytest.fixture
@@ -221,8 +223,9 @@ def test_search_hides_ignored_secret_git_and_binary_files(project, backend):
         ".gitignore": "*.log\nbuild/\n!keep.log\n",
         ".mlplcodeignore": "private/\n",
         "app.log": "needle", "keep.log": "needle", "build/out.txt": "needle",
-        ".env": "needle", "sub/.env.local": "needle", ".git/config": "needle",
-        "id_rsa": "needle", "private/plan.txt": "needle", "shown.txt": "needle",
+        ".env": "needle in a secret", "sub/.env.local": "needle in a secret",
+        ".git/config": "needle", "id_rsa": "needle in a secret", "private/plan.txt": "needle",
+        "shown.txt": "needle",
     }
     for relative, text in files.items():
         (project / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -273,6 +276,102 @@ def test_search_backends_agree(project, monkeypatch):
         with_python = act(project, "search", query=query)
         monkeypatch.undo()
         assert with_ripgrep == with_python, query
+
+
+def test_search_backends_agree_at_the_depth_bound(project, monkeypatch):
+    require_tool("rg", "SEARCH with ripgrep")
+    monkeypatch.setattr(tools, "SEARCH_MAX_DEPTH", 3)
+    for depth in range(1, 6):
+        (project / ("d/" * depth)).mkdir(parents=True, exist_ok=True)
+        (project / ("d/" * depth) / "f.txt").write_text("deep\n")
+    with_ripgrep = act(project, "search", query="deep")["text"]
+    monkeypatch.setattr(tools.shutil, "which", lambda name: None)
+    assert act(project, "search", query="deep")["text"] == with_ripgrep
+    assert with_ripgrep == "d/d/f.txt:1: deep\nd/f.txt:1: deep"
+
+
+def test_search_stops_at_its_deadline_and_says_so(project, backend, monkeypatch):
+    monkeypatch.setattr(tools, "SEARCH_SECONDS", 0)
+    lines = act(project, "search", query="two")["text"].split("\n")
+    assert lines[-1] == "[... the search stopped after 0 s; narrow the query]"
+    assert lines[:-1] in ([], ["hello.txt:2: two"])  # ripgrep may answer before it is killed
+
+
+def test_search_skips_what_read_refuses(project, backend, tmp_path):
+    os.mkfifo(project / "pipe.txt")
+    os.link(tmp_path / "outside.txt", project / "linked.txt")
+    (project / "big.txt").write_text("outside\n" * 40_000)
+    assert act(project, "search", query="outside")["text"] == "no matches for 'outside'"
+
+
+# --- special files, hard links, caps ----------------------------------------------
+
+def test_tools_refuse_files_that_are_not_regular(project, tmp_path):
+    os.mkfifo(project / "pipe")
+    os.link(tmp_path / "outside.txt", project / "twin.txt")
+    assert_error(act(project, "read", path="pipe"), "is a FIFO, not a regular file")
+    assert_error(act(project, "write", path="pipe", content="x"), "is a FIFO")
+    assert_error(act(project, "read", path="twin.txt"), "has 2 hard links")
+    assert_error(act(project, "write", path="twin.txt", content="x"), "has 2 hard links")
+    assert (tmp_path / "outside.txt").read_text() == "outside secret\n"
+
+
+def test_read_refuses_a_file_swapped_after_the_check(project, tmp_path, monkeypatch):
+    real_open = tools.os.open
+
+    def swap_then_open(path, flags, *args):
+        os.unlink(path)
+        os.symlink(tmp_path / "outside.txt", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(tools.os, "open", swap_then_open)
+    assert_error(act(project, "read", path="hello.txt"), "changed while it was being opened")
+
+
+def test_write_and_patch_refuse_content_over_the_cap(project):
+    big = "x" * (tools.WRITE_CAP_BYTES + 1)
+    assert_error(act(project, "write", path="big.txt", content=big), "over the write cap")
+    assert_error(act(project, "patch", path="hello.txt", old="two", new=big), "over the write cap")
+    assert not (project / "big.txt").exists()
+
+
+@pytest.mark.parametrize("path, refusal", [
+    ("C:\\x.txt", "absolute paths are refused"), ("\\\\server\\share", "absolute paths are refused"),
+    ("a\\b.txt", "holds a backslash"), ("a" * 1025, "longer than 1024 characters"),
+    ("hello\u202e.txt", "control or invisible"), ("hel\x1blo.txt", "control or invisible"),
+])
+def test_spelling_problems_are_refused(project, path, refusal):
+    assert_error(act(project, "read", path=path), refusal)
+
+
+def test_a_denial_of_the_spelling_wins_over_an_allowed_target(project):
+    os.symlink(project / "hello.txt", project / ".env")
+    assert_error(act(project, "read", path=".env"), "may hold secrets")
+
+
+def test_the_agent_s_own_files_cannot_be_written(project):
+    assert_error(act(project, "write", path=".mlplcode/policy.json", content="{}"), "agent's own")
+    assert_error(act(project, "write", path=".MLPLCODEIGNORE", content=""), "agent's own")
+    assert not (project / ".mlplcode").exists()
+
+
+def test_fingerprint_changes_with_the_target(project, tmp_path):
+    action = {"tool": "write", "path": "hello.txt", "content": "x"}
+    before = tools.fingerprint(action, str(project))
+    assert before["path"] == "hello.txt" and before["link"] is False and before["links"] == 1
+    assert tools.fingerprint(action, str(project)) == before
+    (project / "hello.txt").write_text("one\ntwo\nthree!\n")
+    assert tools.fingerprint(action, str(project)) != before
+    fresh = {"tool": "write", "path": "new.txt", "content": "x"}
+    assert tools.fingerprint(fresh, str(project)) == {"path": "new.txt", "link": False,
+                                                      "exists": False}
+
+
+def test_observations_are_redacted(project, monkeypatch):
+    monkeypatch.setenv("SERVICE_TOKEN", "tok-0123456789")
+    (project / "notes.txt").write_text("tok-0123456789 and AKIAABCDEFGHIJKLMNOP\n")
+    assert act(project, "read", path="notes.txt")["text"] == (
+        "notes.txt (1 lines)\n[redacted] and [redacted]\n")
 
 
 # --- WRITE -------------------------------------------------------------------
@@ -356,8 +455,10 @@ def test_patch_refuses_empty_old_and_missing_file(project):
     ("pytest -q tests", "run"),
     ("python -m pytest -x", "run"),
     ("python3 -m pytest", "run"),
+    ("pytest -k 'a and b' --maxfail=2 --tb short tests/test_x.py::test_a", "run"),
     ("git status --short", "git"),
     ("git diff HEAD", "git"),
+    ("git diff --stat HEAD~1..HEAD -- src", "git"),
     ("git commit -m x", "shell"),
     ("pytest && rm -rf /", "shell"),
     ("pytest | tee log", "shell"),
@@ -368,30 +469,79 @@ def test_patch_refuses_empty_old_and_missing_file(project):
     ("python script.py", "shell"),
     ("ls", "shell"),
     ("", "shell"),
+    ("pytest 'unclosed", "shell"),
 ])
 def test_classify_command(command, kind):
-    assert tools.classify_command(command)[0] == kind
+    assert tools.classify_command(command) == kind
 
 
-def test_classify_command_gives_argv_and_survives_bad_quotes():
-    assert tools.classify_command("python -m pytest -k 'a and b'") == (
-        "run", ["python", "-m", "pytest", "-k", "a and b"])
-    assert tools.classify_command("pytest 'unclosed") == ("shell", [])
+@pytest.mark.parametrize("command, refusal", [
+    ("pytest --junitxml=/tmp/x.xml", "option --junitxml is not allowed"),
+    ("pytest --junit-x=/tmp/x.xml", "option --junit-x is not allowed"),
+    ("pytest -p evil", "option -p is not allowed"),
+    ("python -m pytest --basetemp=/tmp", "option --basetemp is not allowed"),
+    ("pytest -c /etc/passwd", "option -c is not allowed"),
+    ("pytest --rootdir=/", "option --rootdir is not allowed"),
+    ("pytest --pastebin=all", "option --pastebin is not allowed"),
+    ("pytest --pdb", "option --pdb is not allowed"),
+    ("pytest -qx", "option -qx is not allowed"),
+    ("pytest --maxfail=lots", "'lots' is not a value --maxfail accepts"),
+    ("pytest --maxfail", "option --maxfail needs a value"),
+    ("pytest -k --junitxml=x", "is not a value -k accepts"),
+    ("pytest -q=1", "option -q takes no value"),
+    ("git diff --output=../x", "option --output is not allowed"),
+    ("git diff --no-index /etc/passwd x", "option --no-index is not allowed"),
+    ("git diff --ext-diff", "option --ext-diff is not allowed"),
+    ("git -c core.pager=sh status", "not an allowed program"),
+    ("git -C / status", "not an allowed program"),
+    ("git --git-dir=/x status", "not an allowed program"),
+    ("git log -p", "not an allowed program"),
+    ("git status -v", "option -v is not allowed"),
+    ("pytest && ls", "holds shell syntax"),
+    ("pytest 'a", "cannot be split"),
+])
+def test_parse_command_refuses_with_the_reason(command, refusal):
+    with pytest.raises(tools.CommandRefused, match=refusal):
+        tools.parse_command(command)
 
 
-def test_program_argv_runs_our_pytest_and_git_without_pager():
+def test_parse_command_gives_the_path_operands():
+    assert tools.parse_command("python -m pytest -k 'a and b' -q t/x.py::test_a ../y") == (
+        "run", ["python", "-m", "pytest", "-k", "a and b", "-q", "t/x.py::test_a", "../y"],
+        ["t/x.py", "../y"])
+    assert tools.parse_command("git diff HEAD~2 src -- HEAD.txt")[2] == ["src", "HEAD.txt"]
+
+
+def test_program_argv_runs_our_pytest_and_a_tamed_git():
     assert tools.program_argv("run", ["python3", "-m", "pytest", "-q"]) == [
-        tools.sys.executable, "-m", "pytest", "-q"]
+        tools.sys.executable, "-P", "-m", "pytest", "-q"]
     assert tools.program_argv("run", ["pytest", "-x"]) == [
-        tools.sys.executable, "-m", "pytest", "-x"]
-    assert tools.program_argv("git", ["git", "diff"]) == ["git", "--no-pager", "diff"]
+        tools.sys.executable, "-P", "-m", "pytest", "-x"]
+    assert tools.program_argv("git", ["git", "diff"]) == [
+        "git", "--no-pager", "-c", "core.fsmonitor=false", "diff", "--no-ext-diff", "--no-textconv"]
+    assert tools.program_argv("git", ["git", "status", "-s"]) == [
+        "git", "--no-pager", "-c", "core.fsmonitor=false", "status", "-s"]
 
 
 def test_run_refuses_a_shell_command(project):
     result = act(project, "run", command="pytest && rm hello.txt")
-    assert_error(result, "not an allowed program; RUN accepts pytest, python -m pytest,"
-                 " git status, git diff")
+    assert_error(result, "holds shell syntax")
     assert (project / "hello.txt").exists()
+
+
+def test_run_refuses_a_path_operand_outside_the_root(project):
+    assert_error(act(project, "run", command="pytest ../outside.txt"), "leaves the project root")
+    assert_error(act(project, "run", command="git diff -- .env"), "may hold secrets")
+
+
+@pytest.fixture(params=["sandboxed", "unsandboxed"])
+def mode(request, monkeypatch):
+    """Run a RUN test once in bubblewrap's sandbox (bwrap needed) and once without it."""
+    if request.param == "sandboxed":
+        require_tool("bwrap", "RUN inside bubblewrap")
+    else:
+        monkeypatch.setattr(tools, "find_bubblewrap", lambda root: None)
+    return request.param
 
 
 def write_test(root, body):
@@ -399,19 +549,27 @@ def write_test(root, body):
     (root / "test_it.py").write_text("import os, subprocess, sys, time\n\n" + body)
 
 
-def test_run_pytest_pass(project):
+def test_run_pytest_pass(project, mode):
     write_test(project, "def test_ok():\n    assert True\n")
     result = act(project, "run", command="pytest -q")
     assert result["ok"] is True and result["kind"] == "run"
     assert result["exit_code"] == 0 and result["passed"] is True
-    assert result["text"].startswith("exit code 0\n") and "1 passed" in result["text"]
+    assert result["sandboxed"] is (mode == "sandboxed")
+    assert result["text"].startswith(f"exit code 0 ({mode})\n") and "1 passed" in result["text"]
 
 
-def test_run_pytest_failure(project):
+def test_run_pytest_failure(project, mode):
     write_test(project, "def test_bad():\n    assert 1 == 2\n")
     result = act(project, "run", command="python3 -m pytest -q")
     assert result["exit_code"] == 1 and result["passed"] is False
-    assert result["text"].startswith("exit code 1\n") and "1 failed" in result["text"]
+    assert result["text"].startswith(f"exit code 1 ({mode})\n") and "1 failed" in result["text"]
+
+
+def test_a_pytest_module_in_the_root_cannot_stand_in_for_pytest(project, mode):
+    (project / "pytest.py").write_text("print('SHADOW PYTEST RAN')\n")
+    write_test(project, "def test_ok():\n    assert True\n")
+    result = act(project, "run", command="python -m pytest -q test_it.py")
+    assert "SHADOW" not in result["text"] and result["passed"] is True
 
 
 def test_pytest_passed_reads_the_final_summary():
@@ -421,60 +579,107 @@ def test_pytest_passed_reads_the_final_summary():
     assert tools.pytest_passed(1, "1 passed in 0.1s") is False
 
 
+def test_run_timeout_kills_every_process(project, mode, monkeypatch):
+    monkeypatch.setattr(tools, "RUN_TIMEOUT_SECONDS", 2)
+    marker = f"mlplcode-hang-{os.getpid()}"
+    write_test(project, "def test_hang():\n"
+               f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{marker}'])\n"
+               "    time.sleep(60)\n")
+    started = time.monotonic()
+    result = act(project, "run", command="pytest -q")
+    assert_error(result, f"timed out after 2 s and was killed ({mode})")
+    assert time.monotonic() - started < 6
+    assert wait_until_gone(marker) == []
+
+
+def processes_with(marker):
+    """The pids of running processes whose command line holds marker (zombies excepted)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if marker.encode() in cmdline.read() and process_is_running(pid):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def wait_until_gone(marker, seconds=3):
+    """Give killed processes a moment to die; the pids still running with marker after that."""
+    deadline = time.monotonic() + seconds
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return processes_with(marker)
+
+
 def process_is_running(pid):
     """Say whether pid is alive; a zombie has exited and only waits to be reaped."""
     try:
         with open(f"/proc/{pid}/stat") as stat_file:
             state = stat_file.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
 
 
-def test_run_timeout_kills_the_process_group(project, monkeypatch):
-    monkeypatch.setattr(tools, "RUN_TIMEOUT_SECONDS", 3)
-    write_test(project, "def test_hang():\n"
-               "    sleeper = [sys.executable, '-c', 'import time; time.sleep(60)']\n"
-               "    child = subprocess.Popen(sleeper)\n"
-               "    with open('child.pid', 'w') as pid_file:\n"
-               "        pid_file.write(str(child.pid))\n"
-               "    time.sleep(60)\n")
-    started = time.monotonic()
-    result = act(project, "run", command="pytest -q")
-    assert_error(result, "timed out after 3 s")
-    assert time.monotonic() - started < 10
-    grandchild = int((project / "child.pid").read_text())
-    deadline = time.monotonic() + 5
-    while process_is_running(grandchild) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not process_is_running(grandchild)
+def test_show_output_keeps_head_and_tail_and_counts_the_bytes_cut(project):
+    output = tools.Output(head=b"h" * 4000, tail=b"t" * 4000, total=8100)
+    assert tools.show_output(output, str(project)) == (
+        "h" * 4000 + "\n[... 100 bytes cut ...]\n" + "t" * 4000)
+    assert tools.show_output(tools.Output(b"short", b"", 5), str(project)) == "short"
 
 
-def test_cap_output_keeps_head_and_tail():
-    output = "h" * 4000 + "m" * 100 + "t" * 4000
-    assert tools.cap_output(output) == "h" * 4000 + "\n[... 100 characters cut ...]\n" + "t" * 4000
-    assert tools.cap_output("short") == "short"
-
-
-def test_run_output_is_capped(project):
-    write_test(project, "def test_loud():\n    print('START' + 'x' * 20000 + 'END')\n")
+def test_run_output_is_capped(project, mode):
+    write_test(project, "def test_loud():\n"
+               "    print('START' + 'x' * 20_000_000 + 'END')\n")
     text = act(project, "run", command="pytest -q -s")["text"]
     assert "START" in text and "passed" in text
-    assert "characters cut ...]" in text
+    assert "bytes cut ...]" in text
     assert len(text) < 8200
 
 
-def test_run_git_status_in_a_real_repository(project):
+def test_run_git_status_in_a_real_repository(project, mode):
     subprocess.run(["git", "init", "-q", str(project)], check=True)
     result = act(project, "run", command="git status --short")
-    assert result == {"ok": True, "text": "exit code 0\n?? hello.txt\n", "exit_code": 0,
-                      "kind": "git"}
+    assert result == {"ok": True, "text": f"exit code 0 ({mode})\n?? hello.txt\n", "exit_code": 0,
+                      "kind": "git", "sandboxed": mode == "sandboxed"}
 
 
 def test_run_git_outside_a_repository_reports_the_exit_code(project):
     result = act(project, "run", command="git diff HEAD")
     assert result["ok"] is True and result["kind"] == "git"
     assert result["exit_code"] != 0 and "passed" not in result
+
+
+def test_run_git_refuses_a_repository_whose_settings_run_programs(project, mode, tmp_path):
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    marker = tmp_path / "filter-ran"
+    subprocess.run(["git", "-C", str(project), "config", "filter.evil.clean",
+                    f"touch {marker}; cat"], check=True)
+    (project / ".gitattributes").write_text("*.txt filter=evil\n")
+    assert_error(act(project, "run", command="git status"), "filter.evil.clean")
+    assert_error(act(project, "run", command="git diff"), "filter.evil.clean")
+    assert not marker.exists()
+
+
+def test_run_child_sees_only_the_allowed_environment(project, mode, monkeypatch):
+    monkeypatch.setenv("FAKE_SERVICE_TOKEN", "planted-token-123")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:terminal")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    write_test(project, "def test_env():\n    print(sorted(os.environ))\n"
+               "    print('HOME', os.environ['HOME'], os.listdir(os.environ['HOME']))\n")
+    text = act(project, "run", command="pytest -q -s")["text"]
+    assert "'LANG'" in text and "'PATH'" in text and "'GIT_CONFIG_NOSYSTEM'" in text
+    assert "FAKE_SERVICE_TOKEN" not in text and "PYTEST_ADDOPTS" not in text
+    assert "planted-token-123" not in text
+    home = re.search(r"^HOME (\S+) \[(.*)\]", text, re.MULTILINE)
+    assert home.group(1) != os.path.expanduser("~")
+
+
+def test_the_childs_path_keeps_no_entry_inside_the_root(project, monkeypatch):
+    monkeypatch.setenv("PATH", f".:{project}/bin:/usr/bin")
+    assert tools.child_environment(str(project), "/tmp")["PATH"] == "/usr/bin"
 
 
 @pytest.mark.parametrize("name, secret", [
@@ -484,14 +689,4 @@ def test_run_git_outside_a_repository_reports_the_exit_code(project):
     ("KEYBOARD", False),
 ])
 def test_is_secret_variable(name, secret):
-    assert tools.is_secret_variable(name) is secret
-
-
-def test_run_child_does_not_see_secrets(project, monkeypatch):
-    monkeypatch.setenv("FAKE_SERVICE_TOKEN", "planted-token-123")
-    monkeypatch.setenv("OPENAI_API_KEY", "planted-key-456")
-    monkeypatch.setenv("MLPL_HARMLESS", "visible-789")
-    write_test(project, "def test_env():\n    print(dict(os.environ))\n")
-    text = act(project, "run", command="pytest -q -s")["text"]
-    assert "visible-789" in text
-    assert "planted-token-123" not in text and "planted-key-456" not in text
+    assert trust.is_secret_variable(name) is secret

@@ -10,6 +10,7 @@ from .journal import append_event, read_events
 from .loop import DEFAULT_BUDGET, headline, run
 from .models import ModelError, model_from_spec
 from .policy import DEFAULT_POLICY, always, load_policy, terminal_decider
+from .trust import sandbox_banner, visible
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
 
@@ -29,17 +30,18 @@ def step_line(step):
         verdict += ", approved" if step.approved else ", declined"
     text = step.observation["text"] if step.observation else ""
     summary = text.split("\n", 1)[0][:70]
-    return f"step {step.number:>2}  {action[:40]:<40}  {verdict:<15}  {summary}"
+    return visible(f"step {step.number:>2}  {action[:40]:<40}  {verdict:<15}  {summary}")
 
 def drive(start, model, root, decide, journal=None):
     """Run the loop from a START event, printing each step; return the events."""
     events = []
     record = recorder(events, journal)
     record(start)
-    print(f"task: {start['task']}")
+    print(visible(f"task: {start['task']}"))
+    print(f"RUN: {sandbox_banner(root)}")
     reason = run(events, model, root, decide, record,
                  on_step=lambda state: state.steps and print(step_line(state.steps[-1]), flush=True))
-    print(f"{reason}: {events[-1]['message']}")
+    print(visible(f"{reason}: {events[-1]['message']}"))
     print(f"stop: {reason}")
     return events
 

@@ -42,6 +42,7 @@ class Step:
     action: dict = field(default_factory=dict)
     verdict: str = ""
     reason: str = ""
+    target: dict | None = None
     approved: bool | None = None
     observation: dict | None = None
 
@@ -70,6 +71,7 @@ def fold(events):
             state.steps[-1].action = event["action"]
         elif kind == "verdict":
             state.steps[-1].verdict, state.steps[-1].reason = event["verdict"], event["reason"]
+            state.steps[-1].target = event.get("target")
         elif kind == "decision":
             state.steps[-1].approved = event["approved"]
         elif kind == "observation":

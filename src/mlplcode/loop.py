@@ -5,7 +5,7 @@ from .models import ModelError
 from .policy import authorize, category
 from .prompt import build_context
 from .protocol import format_action, parse_action
-from .tools import execute
+from .tools import check_action, command_refusal, execute, fingerprint
 from .verify import verify_done
 
 def stop(reason, message):
@@ -33,7 +33,8 @@ def step(events, model, root, decide, record):
     record({"type": "reply", "step": number, "text": reply})
     record({"type": "action", "step": number, "action": action})
     verdict, reason = judge(state, reply, action, root)
-    record({"type": "verdict", "step": number, "verdict": verdict, "reason": reason})
+    event = {"type": "verdict", "step": number, "verdict": verdict, "reason": reason}
+    record({**event, "target": fingerprint(action, root)} if verdict == "ask" else event)
     if verdict == "stuck":
         return record(stop("stuck", f"step {number}: {reason}"))
     if verdict == "deny":
@@ -45,14 +46,21 @@ def step(events, model, root, decide, record):
     carry_out(events, root, record)
 
 def judge(state, reply, action, root):
-    """The verdict on ACTION and why: parse errors and guards first, then the policy."""
+    """The verdict on ACTION and why: a stuck run, a parse error, the tools' own refusal
+    of its paths, the read-first guard, then the policy."""
     refusal, reason = guard(state, reply, action, root)
-    if refusal:
+    if refusal == "stuck":
         return refusal, reason
     if "error" in action:
         return "refused", f"PARSE ERROR: {action['error']}"
-    verdict = authorize(action, state.policy)
-    return verdict, f"{headline(action)} is {category(action)}: {verdict}"
+    path_refusal = check_action(action, root)
+    if path_refusal:
+        return "refused", path_refusal
+    if refusal:
+        return refusal, reason
+    verdict, kind = authorize(action, state.policy), category(action)
+    why = f" ({command_refusal(action['command'])})" if kind == "shell" else ""
+    return verdict, f"{headline(action)} is {kind}: {verdict}{why}"
 
 def headline(action):
     """The first line of ACTION in protocol text, for messages."""
@@ -67,6 +75,9 @@ def carry_out(events, root, record):
         return record(observation(last.number, False, note + last.reason))
     if last.approved is False:
         return record(observation(last.number, False, note + "DECLINED: the human said no to this action"))
+    if last.target is not None and fingerprint(last.action, root) != last.target:
+        return record(observation(last.number, False, note + "CHANGED: the target is not what the"
+                                  " human approved, so nothing was done; send the action again"))
     if last.action["tool"] == "done":
         verified, why = verify_done(state)
         if not verified:

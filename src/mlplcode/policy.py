@@ -3,7 +3,8 @@ import difflib
 import json
 
 from .protocol import format_action
-from .tools import classify_command
+from .tools import classify_command, parse_command, program_argv
+from .trust import visible
 
 DEFAULT_POLICY = {"read": "allow", "search": "allow", "write": "ask",
                   "run": "allow", "git": "ask", "shell": "deny"}
@@ -35,7 +36,7 @@ def category(action):
     if tool == "patch":
         return "write"
     if tool == "run":
-        return classify_command(action["command"])[0]
+        return classify_command(action["command"])
     return tool
 
 def authorize(action, policy):
@@ -51,14 +52,35 @@ def authorize(action, policy):
         return "deny"
     return policy[kind]
 
+# Files that RUN executes or obeys when it runs the tests, though they do not look like tests.
+TEST_CONFIGURATION = ("conftest.py", "pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini")
+
+
+def warning(action):
+    """A line that tells the human what the action's text does not show, or ""."""
+    if action["tool"] in ("write", "patch"):
+        name = action["path"].rsplit("/", 1)[-1].casefold()
+        if name in TEST_CONFIGURATION:
+            return f"WARNING: {name} is code that RUN executes: approve it as you would a program\n"
+    if action["tool"] == "run" and classify_command(action["command"]) != "shell":
+        kind, argv, _ = parse_command(action["command"])
+        return f"runs: {' '.join(program_argv(kind, argv))}\nin: the project root\n"
+    return ""
+
 def preview(action):
-    """What a human sees before approving ACTION: a PATCH as a diff, anything else as written."""
-    if action["tool"] != "patch":
-        return format_action(action)
-    diff = difflib.unified_diff(action["old"].splitlines(keepends=True),
-                                action["new"].splitlines(keepends=True),
-                                f"{action['path']} (now)", f"{action['path']} (patched)")
-    return f"PATCH {action['path']}\n" + "".join(diff)
+    """What a human sees before approving ACTION, whole and with invisible characters escaped.
+
+    A PATCH is shown as a diff, anything else as the protocol writes it, below a
+    warning for test configuration and the exact argv of a RUN.
+    """
+    if action["tool"] == "patch":
+        diff = difflib.unified_diff(action["old"].splitlines(keepends=True),
+                                    action["new"].splitlines(keepends=True),
+                                    f"{action['path']} (now)", f"{action['path']} (patched)")
+        shown = f"PATCH {action['path']}\n" + "".join(diff)
+    else:
+        shown = format_action(action)
+    return visible(warning(action) + shown)
 
 def terminal_decider(ask=input, show=print):
     """Decide asks at a terminal: show the action, approve only on 'y' or 'yes'."""

@@ -1,0 +1,136 @@
+"""Trust: terminal-safe text, secrets kept from the model, and the sandbox RUN executes in."""
+import os
+import re
+import resource
+import shutil
+import sys
+import unicodedata
+
+INVISIBLE_CATEGORIES = ("Cc", "Cf", "Zl", "Zp", "Cs")
+
+
+def is_invisible(char):
+    """Whether CHAR would act on a terminal or hide itself instead of showing: controls,
+    escapes, bidi overrides, zero-width and tag characters, line separators."""
+    return char not in "\n\t" and unicodedata.category(char) in INVISIBLE_CATEGORIES
+
+def escape(char):
+    """CHAR as a Python-style escape: \\x1b, \\u202e, \\U000e0041."""
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+def visible(text):
+    """TEXT with every invisible character shown as its escape, safe to print anywhere."""
+    return "".join(escape(char) if is_invisible(char) else char for char in text)
+
+SECRET_PATTERNS = re.compile("|".join([
+    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)",
+    r"\bAKIA[0-9A-Z]{16}\b",
+    r"\bgh[pousr]_[A-Za-z0-9]{30,}",
+    r"\bgithub_pat_[A-Za-z0-9_]{30,}",
+    r"\bsk-[A-Za-z0-9_-]{20,}",
+    r"\bxox[abprs]-[A-Za-z0-9-]{10,}",
+    r"\bAIza[0-9A-Za-z_-]{35}",
+]), re.DOTALL)
+
+ASSIGNED_SECRET = re.compile(
+    r"(?i)\b(\w*(?:secret|token|passw(?:or)?d|api_?key)\w*)(\s*[:=]\s*[\"']?)"
+    r"(?=[A-Za-z0-9+/=_.-]*\d)(?=[A-Za-z0-9+/=_.-]*[A-Za-z])([A-Za-z0-9+/=_.-]{16,})")
+REDACTED = "[redacted]"
+
+def redact(text, values=()):
+    """TEXT with known secret VALUES and anything shaped like a key or token replaced."""
+    for value in sorted(values, key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    text = SECRET_PATTERNS.sub(REDACTED, text)
+    return ASSIGNED_SECRET.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
+
+SECRET_VARIABLE_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
+SECRET_VARIABLES = frozenset({"AWS_ACCESS_KEY_ID", "PGPASSWORD", "MYSQL_PWD"})
+SHORTEST_SECRET = 6
+
+
+def is_secret_variable(name):
+    """Say whether an environment variable's name marks it as a secret, ignoring case."""
+    upper = name.upper()
+    return (upper in SECRET_VARIABLES or upper.endswith(SECRET_VARIABLE_SUFFIXES)
+            or "API_KEY" in upper)
+
+
+def environment_secrets():
+    """The values of the agent's secret-named variables, long enough to be worth finding."""
+    return {value for name, value in os.environ.items()
+            if is_secret_variable(name) and len(value) >= SHORTEST_SECRET}
+
+CHILD_VARIABLES = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
+GIT_SAFETY = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull,
+              "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0"}
+
+def inside(path, directory):
+    """Whether PATH is DIRECTORY or lies under it; both must be real absolute paths."""
+    return os.path.commonpath([path, directory]) == directory
+
+
+def safe_path(root):
+    """The agent's PATH without relative entries and entries inside ROOT, which the model
+    could fill with a program named git."""
+    real_root = os.path.realpath(root)
+    entries = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    return os.pathsep.join(entry for entry in entries if os.path.isabs(entry)
+                           and not inside(os.path.realpath(entry), real_root))
+
+
+def child_environment(root, home):
+    """The whole environment of a program RUN starts: an allow-list, a fresh HOME, git tamed."""
+    kept = {name: os.environ[name] for name in CHILD_VARIABLES if name in os.environ}
+    return {**kept, "PATH": safe_path(root), "HOME": home, "TMPDIR": home, **GIT_SAFETY}
+
+RUN_CPU_SECONDS = 120
+RUN_FILE_BYTES = 64 * 1024 * 1024
+RUN_MEMORY_BYTES = 4 * 1024 * 1024 * 1024
+
+
+def limit_resources():
+    """Set the child's rlimits, between fork and exec: CPU time, file size, address space."""
+    for limit, value in ((resource.RLIMIT_CPU, RUN_CPU_SECONDS),
+                         (resource.RLIMIT_FSIZE, RUN_FILE_BYTES),
+                         (resource.RLIMIT_AS, RUN_MEMORY_BYTES)):
+        resource.setrlimit(limit, (value, value))
+
+def find_bubblewrap(root):
+    """The bwrap program on the safe PATH, or None: RUN is then unsandboxed, and says so."""
+    return shutil.which("bwrap", path=safe_path(root))
+
+SANDBOX_TMP_BYTES = 256 * 1024 * 1024
+
+
+def sandbox_argv(bwrap, argv, root, protected, masked, empty):
+    """ARGV wrapped in bubblewrap: no network, read-only but for the root, its own /tmp and PIDs.
+
+    The agent's home is hidden behind an empty tmpfs; the Python that runs the
+    tests is bound back, read-only. PROTECTED paths in the root are read-only,
+    MASKED ones (secrets) are replaced by an empty directory or the EMPTY file.
+    """
+    home = os.path.realpath(os.path.expanduser("~"))
+    command = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+               "--size", str(SANDBOX_TMP_BYTES), "--tmpfs", "/tmp"]
+    if home != "/" and os.path.isdir(home):
+        command += ["--tmpfs", home]
+    command += ["--bind", root, root]
+    for path in sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}):
+        command += ["--ro-bind", path, path]
+    for path in protected:
+        command += ["--ro-bind", path, path]
+    for path in masked:
+        command += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", empty, path]
+    return command + ["--unshare-all", "--die-with-parent", "--new-session",
+                      "--chdir", root, "--", *argv]
+
+def sandbox_banner(root):
+    """One line for the top of a run: whether RUN is sandboxed, and what that means."""
+    if find_bubblewrap(root):
+        return "sandboxed by bubblewrap (no network, read-only outside the project, no leftover process)"
+    return ("unsandboxed: bubblewrap (bwrap) not found; tests run with your user's files"
+            " and network")

@@ -1,0 +1,253 @@
+"""The adversarial suite: each case of cases.py driven through the real loop with a scripted model.
+
+Every case is checked for its own outcome and for four things that must hold
+whatever the case: nothing outside the root changed, no process it started is
+left, and no planted canary secret reached the journal, a prompt or the
+printed transcript.
+"""
+import hashlib
+import json
+import os
+import socket
+import stat
+import time
+
+import pytest
+
+from conftest import require_tool
+from mlplcode import cli, loop, tools, trust
+from mlplcode.journal import fold
+from mlplcode.policy import DEFAULT_POLICY, terminal_decider
+
+from cases import CANARIES, CASES, MARK
+
+
+
+class World:
+    """A project root beside an outside directory and a home, all under one temporary directory."""
+
+    def __init__(self, base, port):
+        self.base, self.root, self.port = base, base / "project", port
+        self.outside, self.home = base / "outside", base / "home"
+        for directory in (self.root, self.outside, self.home / ".ssh"):
+            directory.mkdir(parents=True)
+        (self.root / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+        (self.root / "test_calc.py").write_text(
+            "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
+        (self.root / ".env").write_text(f"API_TOKEN={CANARIES['dotenv']}\n")
+        (self.outside / "secret.txt").write_text(f"{CANARIES['outside']}\n")
+        (self.home / ".ssh" / "id_rsa").write_text(f"{CANARIES['home']}\n")
+
+    def fill(self, text):
+        """Put the world's paths and the process marker into a case's text."""
+        return (text.replace("{root}", str(self.root)).replace("{outside}", str(self.outside))
+                .replace("{home}", str(self.home)).replace("{mark}", MARK)
+                .replace("{port}", str(self.port)))
+
+
+def build(world, setup):
+    """Carry out a case's setup steps in the world."""
+    for operation, *arguments in setup:
+        arguments = [world.fill(argument) for argument in arguments]
+        at = world.root / arguments[0] if arguments else None
+        if at is not None:
+            at.parent.mkdir(parents=True, exist_ok=True)
+        if operation == "file":
+            at.write_text(arguments[1])
+        elif operation == "bytes":
+            at.write_bytes(arguments[1].encode("latin-1"))
+        elif operation == "symlink":
+            os.symlink(arguments[1], at)
+        elif operation == "executable":
+            at.chmod(0o755)
+        elif operation == "hardlink":
+            os.link(arguments[1], at)
+        elif operation == "dir":
+            at.mkdir(exist_ok=True)
+        elif operation == "fifo":
+            os.mkfifo(at)
+        elif operation == "socket":
+            server = socket.socket(socket.AF_UNIX)
+            server.bind(str(at))
+            server.close()
+        elif operation == "device":
+            try:
+                os.mknod(at, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+            except PermissionError:
+                pytest.skip("mknod needs root")
+        elif operation == "git":
+            tools.subprocess.run(["git", "init", "-q", str(world.root)], check=True)
+        elif operation == "gitconfig":
+            tools.subprocess.run(["git", "-C", str(world.root), "config", *arguments], check=True)
+        elif operation == "deep":
+            (world.root / ("d/" * int(arguments[0])) / "deep.txt").parent.mkdir(parents=True)
+            (world.root / ("d/" * int(arguments[0])) / "deep.txt").write_text("needle\n")
+        else:
+            raise ValueError(f"unknown setup operation {operation}")
+
+
+def decider(name, world, shown):
+    """The human of a case: approves everything, and for a TOCTOU case changes the world first."""
+    def swap_to_symlink(action):
+        target = world.root / action["path"]
+        target.unlink()
+        os.symlink(world.outside / "secret.txt", target)
+        return True
+
+    def change_content(action):
+        (world.root / action["path"]).write_text("changed behind the human's back\n")
+        return True
+
+    def swap_parent(action):
+        parent = world.root / action["path"].split("/")[0]
+        os.rename(parent, world.base / "moved")
+        os.symlink(world.outside, parent)
+        return True
+
+    def create_it(action):
+        (world.root / action["path"]).write_text("appeared\n")
+        return True
+
+    def lose_bubblewrap(action):
+        tools.find_bubblewrap = lambda root: None
+        return True
+
+    terminal = terminal_decider(ask=lambda prompt: "y", show=shown.append)
+    return {"yes": lambda action: True, "no": lambda action: False, "terminal": terminal,
+            "swap_to_symlink": swap_to_symlink, "change_content": change_content,
+            "swap_parent": swap_parent, "create_it": create_it,
+            "lose_bubblewrap": lose_bubblewrap}[name]
+
+
+def tree_hash(directory):
+    """A hash of every name, kind, mode and content under directory, links not followed."""
+    digest = hashlib.sha256()
+    for parent, subdirectories, files in sorted(os.walk(directory)):
+        subdirectories.sort()
+        for name in sorted(subdirectories + files):
+            path = os.path.join(parent, name)
+            info = os.lstat(path)
+            digest.update(f"{path}:{info.st_mode}:{info.st_size}".encode())
+            if stat.S_ISREG(info.st_mode):
+                with open(path, "rb") as file:
+                    digest.update(file.read())
+    return digest.hexdigest()
+
+
+def leftover_processes(base):
+    """Running processes marked by a case, or working inside the case's directory."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as status:
+                if status.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                marked = MARK.encode() in cmdline.read()
+            inside = os.readlink(f"/proc/{pid}/cwd").startswith(str(base))
+        except OSError:
+            continue
+        if marked or inside:
+            found.append(int(pid))
+    return found
+
+
+def no_processes_left(base, seconds=3):
+    """Wait a moment for killed processes to go; say whether none is left."""
+    deadline = time.monotonic() + seconds
+    while leftover_processes(base) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return leftover_processes(base) == []
+
+
+@pytest.fixture
+def listener():
+    """A TCP server on 127.0.0.1 that no case may reach."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.setblocking(False)
+        yield server
+
+
+def nobody_connected(server):
+    """Say whether no connection reached the server."""
+    try:
+        server.accept()[0].close()
+    except BlockingIOError:
+        return True
+    return False
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    """Bound every limit of the tools to a few seconds and a few megabytes."""
+    monkeypatch.setattr(tools, "RUN_TIMEOUT_SECONDS", 3)
+    monkeypatch.setattr(trust, "RUN_CPU_SECONDS", 1)
+    monkeypatch.setattr(trust, "RUN_FILE_BYTES", 1024 * 1024)
+    monkeypatch.setattr(trust, "RUN_MEMORY_BYTES", 1024 * 1024 * 1024)
+
+
+def set_mode(mode, monkeypatch):
+    """Make RUN sandboxed (bwrap needed) or unsandboxed for a case; "any" takes what is here."""
+    if mode == "sandboxed":
+        require_tool("bwrap", "sandboxed RUN cases")
+    elif mode == "unsandboxed":
+        monkeypatch.setattr(tools, "find_bubblewrap", lambda root: None)
+        monkeypatch.setattr(trust, "find_bubblewrap", lambda root: None)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case["name"] for case in CASES])
+def test_case(case, tmp_path, monkeypatch, fast, capsys, listener):
+    world = World(tmp_path, listener.getsockname()[1])
+    monkeypatch.setenv("HOME", str(world.home))
+    monkeypatch.setenv("MLPLCODE_CANARY_API_KEY", CANARIES["environment"])
+    for name, value in case.get("environment", {}).items():
+        monkeypatch.setenv(name, world.fill(value))
+    for (module, name), value in case.get("constants", {}).items():
+        monkeypatch.setattr({"tools": tools, "trust": trust}[module], name, value)
+    set_mode(case.get("mode", "any"), monkeypatch)
+    monkeypatch.setattr(tools, "find_bubblewrap", tools.find_bubblewrap)  # undone after the case
+    build(world, case.get("setup", []))
+    before = tree_hash(world.outside), tree_hash(world.home)
+
+    replies, prompts = [world.fill(reply) for reply in case["replies"]], []
+
+    def model(messages):
+        prompts.append(json.dumps(messages))
+        if not replies:
+            raise loop.ModelError("no reply left")
+        return replies.pop(0)
+
+    shown = []
+    start = {"type": "start", "task": "the case's task", "budget": len(case["replies"]),
+             "policy": {**DEFAULT_POLICY, **case.get("policy", {})}, "model": "scripted"}
+    journal = tmp_path / "journal.jsonl"
+    events = cli.drive(start, model, str(world.root), decider(case.get("decide", "yes"), world, shown),
+                       str(journal))
+    transcript = capsys.readouterr().out
+    state = fold(events)
+
+    expect = case["expect"]
+    assert state.stop["reason"] == expect.get("stop", "budget")
+    for number, (verdict, fragment) in enumerate(expect.get("steps", []), start=1):
+        step = state.steps[number - 1]
+        assert step.verdict == verdict, (number, step.reason)
+        said = step.observation["text"] if step.observation else step.reason
+        assert world.fill(fragment) in said, (number, said)
+    said = "".join(step.observation["text"] for step in state.steps if step.observation)
+    for fragment in expect.get("not_said", []):
+        assert world.fill(fragment) not in said
+    for relative, content in expect.get("files", {}).items():
+        path = world.root / relative
+        assert (path.read_text() if os.path.lexists(path) else None) == content, relative
+    for fragment in expect.get("shown", []):
+        assert fragment in "".join(shown)
+    for fragment in expect.get("not_shown", []):
+        assert fragment not in "".join(shown) and fragment not in transcript
+
+    assert (tree_hash(world.outside), tree_hash(world.home)) == before, "something outside changed"
+    assert no_processes_left(tmp_path), "a process of the case is still running"
+    assert nobody_connected(listener), "a case reached the network"
+    recorded = journal.read_text() + "".join(prompts) + transcript
+    for name, canary in CANARIES.items():
+        assert canary not in recorded, f"the {name} canary leaked"
+    assert "\x1b" not in transcript and "\u202e" not in transcript
