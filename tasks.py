@@ -20,7 +20,7 @@ STAMP = os.path.join(VENV, ".installed-from")
 
 
 def ensure_venv():
-    """Create .venv and install mlplcode with its test extras, once per pyproject.toml."""
+    """Create .venv and install mlplcode with its test and export extras, once per pyproject.toml."""
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         wanted = hashlib.sha256(f.read()).hexdigest()
     if not os.path.isdir(VENV):
@@ -30,7 +30,7 @@ def ensure_venv():
     if installed != wanted:
         print("tasks: installing mlplcode and its test tools into .venv", flush=True)
         subprocess.run([os.path.join(BIN, "python"), "-m", "pip", "install", "--quiet",
-                        "--disable-pip-version-check", "-e", ROOT + "[test]"], check=True)
+                        "--disable-pip-version-check", "-e", ROOT + "[test,export]"], check=True)
         with open(STAMP, "w") as f:
             f.write(wanted)
 

@@ -1,4 +1,4 @@
-"""The mlplcode command line: run, replay, demo and kernel install."""
+"""The mlplcode command line: run, replay, demo, kernel install and export."""
 import argparse
 import json
 import os
@@ -6,6 +6,7 @@ import shutil
 import sys
 import tempfile
 
+from .export import DEFAULT_DIRECTORY, command_export
 from .journal import append_event, read_events
 from .loop import DEFAULT_BUDGET, headline, run
 from .models import ModelError, model_from_spec
@@ -156,6 +157,12 @@ def build_parser():
     where.add_argument("--sys-prefix", action="store_true", help=f"in this Python environment ({sys.prefix})")
     where.add_argument("--prefix", metavar="DIR", help="under DIR/share/jupyter/kernels")
     install_parser.set_defaults(handler=command_kernel_install)
+    export_parser = commands.add_parser("export", help="write the book as HTML, PDF, Markdown and text",
+                                        description="Write mlplcode.org as HTML, PDF, Markdown and plain "
+                                        "text into DIR; nothing in the book is run.")
+    export_parser.add_argument("--to", default=DEFAULT_DIRECTORY, metavar="DIR",
+                               help="the directory to write into (default: export/build in the checkout)")
+    export_parser.set_defaults(handler=command_export)
     return parser
 
 def positive(text):

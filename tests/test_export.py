@@ -1,0 +1,333 @@
+"""mlplcode export: the book as a web page, a PDF, Markdown and plain text.
+
+The book is exported once per test session (the `exported` fixture) and the
+checks read those files; only the reproducibility test exports it again.
+Chromium and pdftotext are Debian packages: without them the tests that
+need them skip visibly, and fail under MLPLCODE_REQUIRE_TOOLS=1 (CI).
+Screenshots of the web page at a phone's and a laptop's width are kept in
+tests/artifacts/.
+"""
+import contextlib
+import html
+import io
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from conftest import require_tool
+from mlplcode.cli import main
+from mlplcode.export import BOOK, block_label, export_book, load_tangler
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+FORMS = ["mlplcode.html", "mlplcode.md", "mlplcode.txt", "mlplcode.pdf"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """The book exported once, by the command, into a temporary directory: (directory, stdout)."""
+    directory = tmp_path_factory.mktemp("export")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(["export", "--to", str(directory)])
+    assert status == 0
+    return directory, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def book():
+    """The book as the tangler reads it."""
+    return load_tangler().open_book(BOOK)
+
+
+def test_each_form_is_written(exported):
+    directory, _ = exported
+    assert sorted(p.name for p in directory.iterdir()) == sorted(FORMS)
+    assert (directory / "mlplcode.html").read_text().startswith("<!DOCTYPE html>")
+    assert (directory / "mlplcode.pdf").read_bytes().startswith(b"%PDF-")
+    assert (directory / "mlplcode.md").read_text().startswith("# mlplcode\n")
+    assert (directory / "mlplcode.txt").read_text().startswith("mlplcode\n")
+
+
+def test_progress_names_each_file_before_it_is_written(exported):
+    directory, out = exported
+    lines = out.splitlines()
+    assert lines == [f"export: writing {directory / name}" for name in FORMS] + [
+        f"export: 4 files in {directory}"]
+
+
+class SourceBlocks(HTMLParser):
+    """The label and the code of each <div class="src"> of a page, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks, self.reading, self.expect_code = [], None, False
+
+    def handle_starttag(self, tag, attrs):
+        classes = (dict(attrs).get("class") or "").split()
+        if tag == "div" and "src" in classes:
+            self.blocks.append({"id": dict(attrs).get("id"), "label": None, "code": ""})
+            self.expect_code = True
+        elif tag == "div" and "src-label" in classes:
+            self.reading, self.blocks[-1]["label"] = "label", ""
+        elif tag == "code" and self.reading is None and self.expect_code:
+            self.reading, self.expect_code = "code", False
+
+    def handle_endtag(self, tag):
+        if (self.reading, tag) in (("label", "div"), ("code", "code")):
+            self.reading = None
+
+    def handle_data(self, data):
+        if self.reading:
+            self.blocks[-1][self.reading] += data
+
+
+def source_blocks(page):
+    parser = SourceBlocks()
+    parser.feed(page)
+    return [{**block, "label": block["label"] and block["label"].strip()} for block in parser.blocks]
+
+
+def test_the_web_page_holds_every_src_block_with_its_label(exported, book):
+    directory, _ = exported
+    blocks = source_blocks((directory / "mlplcode.html").read_text())
+    tangler = load_tangler()
+    expected = [(block_label(book, i), "\n".join(tangler.normalize_body(book.doc, block)))
+                for i, block in enumerate(book.doc.blocks)]
+    assert [(b["label"], b["code"]) for b in blocks] == expected
+    assert all(label for label, _ in expected), "every block of the book is tangled or named"
+
+
+def test_the_web_page_stands_alone(exported):
+    directory, _ = exported
+    page = (directory / "mlplcode.html").read_text()
+    assert '<nav id="TOC"' in page
+    assert not re.search(r"<(link|script|img|iframe|object|embed)\b", page)
+    assert not re.search(r"<h[1-6][^>]*header-args", page)
+
+
+def github_anchors(markdown):
+    """The anchors GitHub gives the headings of MARKDOWN, and its lines outside code fences."""
+    anchors, prose, fenced, seen = [], [], False, Counter()
+    for line in markdown.split("\n"):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            prose.append(line)
+            if heading := re.match(r"#{1,6} (.*)", line):
+                slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+                anchors.append(f"{slug}-{seen[slug]}" if seen[slug] else slug)
+                seen[slug] += 1
+    return anchors, prose
+
+
+def test_the_markdown_links_its_contents_as_github_names_the_headings(exported):
+    directory, _ = exported
+    anchors, prose = github_anchors((directory / "mlplcode.md").read_text())
+    links = re.findall(r"\]\(#([^)]+)\)", "\n".join(prose))
+    assert len(links) > 50
+    assert [link for link in links if link not in anchors] == []
+    assert [line for line in prose if line.startswith("<")] == [], "no raw HTML, which GitHub would filter"
+
+
+SMALL_BOOK = """\
+#+TITLE: Small
+
+* Greeting
+:PROPERTIES:
+:header-args:python: :tangle greet.py
+:END:
+
+The helper is shown first.
+
+#+NAME: helper
+#+begin_src python :tangle no
+def helper():
+    return "hello"
+#+end_src
+
+Then used, with a shift that is not a reference.
+
+#+begin_src python :noweb yes
+<<helper>>
+
+
+print(helper(), 1 << 2)
+#+end_src
+"""
+
+
+@pytest.fixture(scope="module")
+def small_export(tmp_path_factory):
+    """A two-block book with a noweb reference, exported."""
+    directory = tmp_path_factory.mktemp("small")
+    (directory / "book.org").write_text(SMALL_BOOK)
+    with contextlib.redirect_stdout(io.StringIO()):
+        export_book(str(directory / "book.org"), str(directory / "out"))
+    return directory / "out"
+
+
+def test_a_noweb_reference_links_to_the_block_it_names(small_export):
+    page = (small_export / "mlplcode.html").read_text()
+    named, user = source_blocks(page)
+    assert (named["id"], named["label"]) == ("helper", "<<helper>>")
+    assert user["label"] == "greet.py"
+    assert user["code"] == '<<helper>>\n\n\nprint(helper(), 1 << 2)'
+    assert page.count('<a class="noweb" href="#helper">&lt;&lt;helper&gt;&gt;</a>') == 1
+
+
+def test_markdown_and_text_carry_the_labels_too(small_export):
+    markdown = (small_export / "mlplcode.md").read_text()
+    assert "`greet.py`\n\n``` python\n<<helper>>\n" in markdown
+    assert "`<<helper>>`\n\n``` python\ndef helper():" in markdown
+    text = (small_export / "mlplcode.txt").read_text()
+    assert "greet.py\n\n    <<helper>>\n" in text
+
+
+def test_a_book_that_does_not_tangle_is_not_exported(tmp_path):
+    (tmp_path / "book.org").write_text(SMALL_BOOK.replace("<<helper>>", "<<nothing>>"))
+    with pytest.raises(ValueError, match="does not tangle: .*<<nothing>> names no block"):
+        export_book(str(tmp_path / "book.org"), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_tool_is_one_line_and_status_1(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "typst", None)
+    assert main(["export", "--to", str(tmp_path / "out")]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == ("mlplcode export: typst is not installed; "
+                            "install the export tools with pip install 'mlplcode[export]'\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_two_exports_are_the_same_bytes(exported, tmp_path):
+    directory, _ = exported
+    with contextlib.redirect_stdout(io.StringIO()):
+        export_book(BOOK, str(tmp_path))
+    for name in FORMS:
+        assert (tmp_path / name).read_bytes() == (directory / name).read_bytes(), name
+
+
+def pdf_text(pdf, *options):
+    require_tool("pdftotext", "the text of the exported PDF")
+    return subprocess.run(["pdftotext", *options, str(pdf), "-"], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_the_pdf_has_every_chapter_title_and_tangle_target(exported, book):
+    directory, _ = exported
+    text = " ".join(pdf_text(directory / "mlplcode.pdf").split())
+    chapters = [h.title for h in book.doc.headings if h.level == 1 and not h.commented]
+    targets = {label for i in range(len(book.doc.blocks)) if not (label := block_label(book, i)).startswith("<<")}
+    assert len(chapters) > 5 and len(targets) > 5
+    assert [title for title in chapters if title not in text] == []
+    assert sorted(target for target in targets if target not in text) == []
+
+
+def test_the_pdf_has_a_title_page_contents_and_numbered_pages(exported):
+    directory, _ = exported
+    pages = pdf_text(directory / "mlplcode.pdf").split("\f")[:-1]
+    assert pages[0].split()[0] == "mlplcode"
+    assert pages[1].split()[0] == "Contents"
+    numbers = [page.split()[-1] for page in pages]
+    first = numbers.index("1")
+    assert numbers[1] == "i" and first > 1
+    assert numbers[first:] == [str(n) for n in range(1, len(pages) - first + 1)]
+
+
+def test_no_word_of_the_pdf_runs_off_the_page(exported):
+    directory, _ = exported
+    boxes = pdf_text(directory / "mlplcode.pdf", "-bbox")
+    width = float(re.search(r'<page width="([\d.]+)"', boxes).group(1))
+    right = max(float(x) for x in re.findall(r'xMax="([\d.]+)"', boxes))
+    assert right <= width - 28  # a centimetre of the margin stays clear
+
+
+MEASURE = """\
+<!DOCTYPE html>
+<html><body style="margin: 0">
+<iframe id="book" src="{page}#the-command-line" width="{width}" height="1600" style="border: 0; display: block"></iframe>
+<pre id="measurement"></pre>
+<script>
+function firstCharacterLeft(line) {{
+  const text = line.ownerDocument.createTreeWalker(line, NodeFilter.SHOW_TEXT).nextNode();
+  if (!text) return null;
+  const range = line.ownerDocument.createRange();
+  range.setStart(text, 0);
+  range.setEnd(text, 1);
+  return range.getBoundingClientRect().left;
+}}
+document.getElementById("book").addEventListener("load", function () {{
+  const page = this.contentDocument.documentElement;
+  const blocks = Array.from(page.querySelectorAll("pre"));
+  const overflowing = blocks.filter(pre => pre.scrollWidth > pre.clientWidth
+    || pre.getBoundingClientRect().right > page.clientWidth);
+  const lines = Array.from(page.querySelectorAll("pre > code.sourceCode > span"));
+  const misaligned = lines.filter(line => {{
+    const left = firstCharacterLeft(line);
+    return left !== null && Math.abs(left - line.getBoundingClientRect().left) > 0.5;
+  }});
+  document.getElementById("measurement").textContent = JSON.stringify({{
+    width: page.clientWidth,
+    scrollWidth: page.scrollWidth,
+    blocks: blocks.length,
+    overflowing: overflowing.map(pre => pre.textContent.slice(0, 80)),
+    whiteSpace: Array.from(new Set(blocks.map(pre => getComputedStyle(pre.querySelector("code") || pre).whiteSpace))),
+    lines: lines.length,
+    misaligned: misaligned.map(line => line.textContent.slice(0, 80)),
+  }});
+}});
+</script>
+</body></html>
+"""
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_web_page_fits_a_phone_and_a_laptop(exported, width):
+    """Render the page in an iframe WIDTH pixels wide, measure it, and keep a screenshot.
+
+    The iframe gives the page exactly that width (a headless window has a
+    minimum width); the script writes its measurement into the DOM, which
+    --dump-dom prints, in the same run that takes the screenshot. Code
+    blocks must wrap rather than overflow, and every line of code must start
+    at the left edge of its block (wrapped lines hang deeper).
+    """
+    require_tool("chromium", "the web page's layout at phone and laptop widths")
+    directory, _ = exported
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / f"mlplcode-{width}.png"
+    frame = directory.parent / f"measure-{width}.html"
+    frame.write_text(MEASURE.format(page=(directory / "mlplcode.html").as_uri(), width=width))
+    with tempfile.TemporaryDirectory(prefix="mlplcode-chromium-") as profile:
+        result = subprocess.run(
+            ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--hide-scrollbars", "--allow-file-access-from-files",
+             f"--window-size={width},1600", f"--screenshot={screenshot}", "--dump-dom", frame.as_uri()],
+            capture_output=True, text=True, timeout=120)
+    print(f"screenshot at {width} px: {screenshot}")
+    found = re.search(r'<pre id="measurement">(.+?)</pre>', result.stdout)
+    assert found, f"no measurement from chromium: {result.stderr[-2000:]}"
+    measurement = json.loads(html.unescape(found.group(1)))
+    assert measurement["width"] == width
+    assert measurement["scrollWidth"] <= measurement["width"]
+    assert measurement["blocks"] > 200
+    assert measurement["overflowing"] == []
+    assert measurement["whiteSpace"] == ["pre-wrap"]
+    assert measurement["lines"] > 2000
+    assert measurement["misaligned"] == [], "a line of code must start at its block's left edge"
+    assert screenshot.stat().st_size > 10_000
+
+
+def test_the_book_says_how_to_read_it_in_each_form():
+    text = Path(BOOK).read_text()
+    section = text[text.index("** How to read it"):text.index("** The plan of the book")]
+    for form in ["Emacs", "web page", "PDF", "Markdown", "GitHub", "plain text", "Jupyter", "mlplcode export"]:
+        assert form in section, form
