@@ -6,7 +6,6 @@ import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from queue import Empty
 
 import jupyter_kernel_test
 import nbformat

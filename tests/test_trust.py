@@ -1,5 +1,4 @@
 """Tests for trust.py: visible escapes, redaction, the child's environment and the sandbox's argv."""
-import os
 import subprocess
 import sys
 
