@@ -10,6 +10,7 @@ if any kernel process is left.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -43,6 +44,12 @@ class Sessions:
 
     def pid(self, name):
         return int((self.directory / f"{name}.pid").read_text())
+
+    def install_kernel(self, name, argv):
+        """A kernelspec NAME under this test's JUPYTER_PATH."""
+        spec = self.jupyter_path / "kernels" / name
+        spec.mkdir(parents=True)
+        (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": name, "language": name}))
 
     def kernel_processes(self):
         """Pids of processes started with a connection file of this test."""
@@ -133,6 +140,18 @@ def test_a_block_past_its_timeout_is_interrupted_and_the_session_goes_on(session
     assert (after.returncode, after.stdout) == (0, "5\n"), after.stderr
 
 
+def test_a_kernel_that_fails_to_start_is_reported_with_its_log(sessions):
+    sessions.install_kernel("broken", [sys.executable, "-c", "import sys; sys.exit('no luck today')",
+                                       "{connection_file}"])
+    result = sessions.bridge("--session", "b", "--kernel", "broken", block="1")
+    assert result.returncode == 2
+    log = sessions.directory / "b.log"
+    assert result.stderr == (f"mlplcode.babel: the broken kernel exited with status 1 while starting: "
+                             f"'no luck today'; its output is in {log}\n")
+    assert log.read_text() == "no luck today\n"
+    assert sorted(p.name for p in sessions.directory.iterdir()) == ["b.log"]
+
+
 def test_a_session_refuses_another_kernel(sessions):
     assert sessions.bridge("--session", "k", "--kernel", "python3", block="1").returncode == 0
     result = sessions.bridge("--session", "k", "--kernel", "mlplcode", block="%step")
@@ -176,7 +195,8 @@ def run_emacs(sessions, org_name, body):
       (load (car (process-lines ob-mlplcode-python "-m" "mlplcode.babel" "--lisp-file")))
       (setq org-confirm-babel-evaluate nil)
       (find-file {json.dumps(org_name)})
-      {body}
+      (condition-case failure (progn {body})
+        (error (message "signalled: %s" (error-message-string failure)) (kill-emacs 3)))
       (save-buffer))"""
     return subprocess.run(["emacs", "--batch", "-Q", "--eval", program], capture_output=True,
                           text=True, env=sessions.env, cwd=sessions.cwd, timeout=TIMEOUT)
@@ -194,7 +214,7 @@ def results(org_text):
             for following in lines[i + 2:]:
                 if following == "#+end_example":
                     break
-                body.append(following[1:] if following.startswith(",") else following)
+                body.append(re.sub(r"^(\s*),(,*(?:\*|#\+))", r"\1\2", following))
         else:
             for following in lines[i + 1:]:
                 if following != ":" and not following.startswith(": "):
@@ -248,8 +268,7 @@ def test_a_failing_bridge_stops_the_buffer_with_its_message(sessions):
     org = sessions.cwd / "bad.org"
     org.write_text("#+begin_src mlplcode :session s :kernel no-such-kernel\n%step\n#+end_src\n"
                    "\n#+begin_src mlplcode :session s :kernel python3\nprint(1)\n#+end_src\n")
-    emacs = run_emacs(sessions, org.name, """(condition-case failure (org-babel-execute-buffer)
-        (error (message "signalled: %s" (error-message-string failure)) (kill-emacs 3)))""")
+    emacs = run_emacs(sessions, org.name, "(org-babel-execute-buffer)")
     assert emacs.returncode == 3, emacs.stderr[-3000:]
     assert "signalled: mlplcode: mlplcode.babel: no Jupyter kernel named 'no-such-kernel'" in emacs.stderr
     assert "#+RESULTS:" not in org.read_text()

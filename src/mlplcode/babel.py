@@ -119,10 +119,16 @@ def start_kernel(session, kernel):
             pass
         if process.poll() is not None or time.monotonic() > deadline:
             client.stop_channels()
-            stop(session)
+            stop(session, keep_log=True)
             how = (f"exited with status {process.returncode}" if process.returncode is not None
                    else f"did not answer in {START_TIMEOUT} s")
-            raise BridgeError(f"the {kernel} kernel {how} while starting; its output is in {session.log_file}")
+            raise BridgeError(f"the {kernel} kernel {how} while starting: "
+                              f"{last_line(session.log_file)!r}; its output is in {session.log_file}")
+
+def last_line(path):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    return lines[-1] if lines else ""
 
 def connect(session):
     client = BlockingKernelClient(connection_file=session.connection_file)
@@ -249,7 +255,7 @@ def wait_gone(session, pid, seconds):
         time.sleep(0.05)
     return True
 
-def stop(session):
+def stop(session, *, keep_log=False):
     """Stop the session's kernel: ask it to shut down, then signal its process group; return its pid."""
     pid = running_pid(session)
     if pid and os.path.exists(session.connection_file):
@@ -269,7 +275,7 @@ def stop(session):
                 os.killpg(pid, sig)
             except ProcessLookupError:
                 break
-    remove_files(session, log=True)
+    remove_files(session, log=not keep_log)
     return pid
 
 def lisp_file():
