@@ -2,15 +2,18 @@
 
 The bridge and the backend are tested on the stock python3 kernel of
 ipykernel, which speaks the same protocol as the mlplcode kernel and keeps
-state that a test can see (a variable).
+state that a test can see (a variable); the agent itself is stepped from an
+org file in batch Emacs by test_org_file_steps_the_agent.
 
 Every test runs with its own Jupyter runtime directory, so its sessions are
 its own, and the `sessions` fixture stops them at the end and fails the test
 if any kernel process is left.
 """
+import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +26,8 @@ from conftest import require_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 LISP_FILE = ROOT / "src" / "mlplcode" / "ob-mlplcode.el"
+EXAMPLES = ROOT / "examples"
+KERNEL_MODULE = "mlplcode.kernel"
 TIMEOUT = 120
 
 
@@ -274,3 +279,65 @@ def test_a_failing_bridge_stops_the_buffer_with_its_message(sessions):
     assert "#+RESULTS:" not in org.read_text()
     assert sessions.kernel_processes() == []
 
+
+# ---------------------------------------------------------------- the agent, in batch Emacs
+
+AGENT_BLOCKS = """\
+#+TITLE: stepping the agent from org-babel
+
+#+begin_src mlplcode :session agent
+%root add
+%model replay:add.journal.jsonl
+%task Add a function mul(a, b) to calc.py that multiplies two numbers, and a test for it
+#+end_src
+
+#+begin_src mlplcode :session agent
+%step
+#+end_src
+
+#+begin_src mlplcode :session agent
+%step
+#+end_src
+
+#+begin_src mlplcode :session agent
+%step
+#+end_src
+
+#+begin_src mlplcode :session agent
+%approve
+#+end_src
+
+#+begin_src mlplcode :session agent
+%show state
+#+end_src
+
+#+begin_src mlplcode :session agent
+%approve
+#+end_src
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec(KERNEL_MODULE) is None,
+                    reason=f"the mlplcode kernel ({KERNEL_MODULE}) is not written yet: "
+                           "stepping the agent from org-babel NOT checked")
+def test_org_file_steps_the_agent(sessions):
+    shutil.copytree(EXAMPLES / "add", sessions.cwd / "add")
+    shutil.copy(EXAMPLES / "add.journal.jsonl", sessions.cwd / "add.journal.jsonl")
+    sessions.install_kernel("mlplcode", [sys.executable, "-m", KERNEL_MODULE, "-f", "{connection_file}"])
+    org = sessions.cwd / "agent.org"
+    org.write_text(AGENT_BLOCKS, encoding="utf-8")
+    emacs = run_emacs(sessions, org.name, """(org-babel-execute-buffer)
+      (ob-mlplcode-stop-session "agent")""")
+    assert emacs.returncode == 0, emacs.stderr[-3000:]
+    task, read1, read2, patch, approve, state, nothing = results(org.read_text(encoding="utf-8"))
+    assert "task: Add a function mul(a, b)" in task
+    assert "READ calc.py" in read1 and "def add(a, b):" in read1
+    assert "READ test_calc.py" in read2 and "def test_add():" in read2
+    assert "PATCH calc.py" in patch and "+def mul(a, b):" in patch and "%approve" in patch
+    assert "patched calc.py" in approve
+    assert "def mul(a, b):" in (sessions.cwd / "add" / "calc.py").read_text()
+    assert re.search(r"steps: 3\b", state), state
+    # An approve with nothing waiting is an error: its text is the result, and the run goes on.
+    assert "nothing is waiting for a decision" in nothing
+    assert "the block ended in an error" in emacs.stderr
+    assert "session agent: stopped its kernel" in emacs.stderr
