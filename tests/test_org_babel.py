@@ -139,10 +139,33 @@ def test_a_block_past_its_timeout_is_interrupted_and_the_session_goes_on(session
     result = sessions.bridge("--session", "t", "--kernel", "python3", "--timeout", "1",
                              block="import time\nprint('started', flush=True)\nx = 5\ntime.sleep(60)\n")
     assert result.returncode == 2
-    assert result.stdout == "started\n"
+    # What the block printed, then how the kernel took the interrupt.
+    assert result.stdout.startswith("started\n") and "KeyboardInterrupt" in result.stdout, result.stdout
     assert result.stderr == "mlplcode.babel: the block ran for more than 1 s and was interrupted\n"
     after = sessions.bridge("--session", "t", "--kernel", "python3", block="print(x)")
     assert (after.returncode, after.stdout) == (0, "5\n"), after.stderr
+
+
+def test_an_interrupted_bridge_interrupts_the_block_and_the_session_goes_on(sessions):
+    assert sessions.bridge("--session", "i", "--kernel", "python3", block="x = 7").returncode == 0
+    bridge = subprocess.Popen([sys.executable, "-m", "mlplcode.babel", "--session", "i", "--kernel", "python3"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=sessions.env, cwd=sessions.cwd)
+    bridge.stdin.write("import time\nprint('started')\nopen('started', 'w').close()\ntime.sleep(60)\n")
+    bridge.stdin.close()
+    deadline = time.monotonic() + 20
+    while not (sessions.cwd / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = time.monotonic()
+    bridge.send_signal(signal.SIGINT)
+    assert bridge.wait(timeout=20) == 2
+    assert time.monotonic() - started < 10
+    with bridge.stdout, bridge.stderr:
+        output = bridge.stdout.read()
+        assert output.startswith("started\n") and "KeyboardInterrupt" in output, output
+        assert bridge.stderr.read() == "mlplcode.babel: interrupted; the kernel was interrupted too\n"
+    after = sessions.bridge("--session", "i", "--kernel", "python3", block="print(x)")
+    assert (after.returncode, after.stdout) == (0, "7\n"), after.stderr
 
 
 def test_a_kernel_that_fails_to_start_is_reported_with_its_log(sessions):

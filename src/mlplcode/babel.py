@@ -205,19 +205,47 @@ class Outputs:
     def text(self):
         return "".join(text if text.endswith("\n") else text + "\n" for _, text in self.items)
 
-def execute(client, code, timeout):
-    """Run CODE in the kernel; return its outputs and how it ended: ok, error, aborted or timeout."""
-    outputs = Outputs()
+def execute(session, client, code, timeout, outputs):
+    """Run CODE, collecting OUTPUTS; return how it ended: ok, error, aborted, timeout or interrupted."""
+    request = client.execute(code, allow_stdin=False)
     try:
-        reply = client.execute_interactive(code, allow_stdin=False, output_hook=outputs.hook, timeout=timeout)
-    except TimeoutError:
-        return outputs, "timeout"
-    content = reply["content"]
+        stopped = None if collect(client, request, timeout, outputs) else "timeout"
+    except KeyboardInterrupt:
+        stopped = "interrupted"
+    if stopped:
+        interrupt(session, client)
+        collect(client, request, ANSWER_TIMEOUT, outputs)
+        return stopped
+    content = reply_to(client, request)
     if content["status"] == "error" and not outputs.error:
         outputs.add(error_text(content))
     elif content["status"] == "aborted":
         outputs.add("[the kernel aborted this block]")
-    return outputs, content["status"]
+    return content["status"]
+
+def collect(client, request, seconds, outputs):
+    """Pass REQUEST's output messages to OUTPUTS until the kernel is idle; False if SECONDS pass first."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            message = client.iopub_channel.get_msg(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return False
+        if message["parent_header"].get("msg_id") != request:
+            continue
+        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+            return True
+        outputs.hook(message)
+
+def reply_to(client, request):
+    deadline = time.monotonic() + ANSWER_TIMEOUT
+    while True:
+        try:
+            message = client.shell_channel.get_msg(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise BridgeError(f"the kernel sent no reply to the block in {ANSWER_TIMEOUT} s") from None
+        if message["parent_header"].get("msg_id") == request:
+            return message["content"]
 
 def interrupt(session, client):
     """Interrupt the cell that the session's kernel is running, as Jupyter's interrupt button does."""
@@ -233,10 +261,9 @@ def interrupt(session, client):
 def run_block(session, kernel, timeout):
     code = sys.stdin.buffer.read().decode("utf-8")
     client, restarted = attach(session, kernel)
+    outputs = Outputs()
     try:
-        outputs, status = execute(client, code, timeout)
-        if status == "timeout":
-            interrupt(session, client)
+        status = execute(session, client, code, timeout, outputs)
     finally:
         client.stop_channels()
     text = outputs.text()
@@ -245,6 +272,8 @@ def run_block(session, kernel, timeout):
     sys.stdout.buffer.write(text.encode("utf-8"))
     if status == "timeout":
         raise BridgeError(f"the block ran for more than {timeout:g} s and was interrupted")
+    if status == "interrupted":
+        raise BridgeError("interrupted; the kernel was interrupted too")
     return 0 if status == "ok" else 1
 
 def wait_gone(session, pid, seconds):
@@ -319,6 +348,9 @@ def main(argv=None):
         return run_block(session, args.kernel, args.timeout)
     except BridgeError as error:
         print(f"mlplcode.babel: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mlplcode.babel: interrupted", file=sys.stderr)
         return 2
 
 
