@@ -9,7 +9,6 @@ Every test runs with its own Jupyter runtime directory, so its sessions are
 its own, and the `sessions` fixture stops them at the end and fails the test
 if any kernel process is left.
 """
-import importlib.util
 import json
 import os
 import re
@@ -27,7 +26,6 @@ from conftest import require_tool
 ROOT = Path(__file__).resolve().parents[1]
 LISP_FILE = ROOT / "src" / "mlplcode" / "ob-mlplcode.el"
 EXAMPLES = ROOT / "examples"
-KERNEL_MODULE = "mlplcode.kernel"
 TIMEOUT = 120
 
 
@@ -340,13 +338,15 @@ AGENT_BLOCKS = """\
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec(KERNEL_MODULE) is None,
-                    reason=f"the mlplcode kernel ({KERNEL_MODULE}) is not written yet: "
-                           "stepping the agent from org-babel NOT checked")
 def test_org_file_steps_the_agent(sessions):
     shutil.copytree(EXAMPLES / "add", sessions.cwd / "add")
     shutil.copy(EXAMPLES / "add.journal.jsonl", sessions.cwd / "add.journal.jsonl")
-    sessions.install_kernel("mlplcode", [sys.executable, "-m", KERNEL_MODULE, "-f", "{connection_file}"])
+    # The kernel is installed as the README says, under a prefix that only this test's JUPYTER_PATH sees.
+    prefix = sessions.cwd / "prefix"
+    install = subprocess.run([sys.executable, "-m", "mlplcode.cli", "kernel", "install", "--prefix", str(prefix)],
+                             capture_output=True, text=True, env=sessions.env, timeout=TIMEOUT)
+    assert install.returncode == 0, install.stderr
+    sessions.env["JUPYTER_PATH"] = str(prefix / "share" / "jupyter")
     org = sessions.cwd / "agent.org"
     org.write_text(AGENT_BLOCKS, encoding="utf-8")
     emacs = run_emacs(sessions, org.name, """(org-babel-execute-buffer)
