@@ -112,11 +112,8 @@ def start_kernel(session, kernel):
     client = connect(session)
     deadline = time.monotonic() + START_TIMEOUT
     while True:
-        try:
-            client.wait_for_ready(timeout=1)
+        if answers(client, 1):
             return client
-        except RuntimeError:
-            pass
         if process.poll() is not None or time.monotonic() > deadline:
             client.stop_channels()
             stop(session, keep_log=True)
@@ -136,6 +133,14 @@ def connect(session):
     client.start_channels(stdin=False, hb=False)
     return client
 
+def answers(client, seconds):
+    """Whether the kernel answers a kernel_info request, on the output channel too, within SECONDS."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if collect(client, client.kernel_info(), min(0.5, deadline - time.monotonic()), Outputs()):
+            return True
+    return False
+
 def attach(session, kernel):
     """A client of the session's kernel, started first when the session has none running."""
     if running_pid(session) is None:
@@ -147,12 +152,10 @@ def attach(session, kernel):
         raise BridgeError(f"session {session.name} runs the {running} kernel, not {kernel}; "
                           "stop it first (M-x ob-mlplcode-stop-session, or --stop)")
     client = connect(session)
-    try:
-        client.wait_for_ready(timeout=ANSWER_TIMEOUT)
-    except RuntimeError:
+    if not answers(client, ANSWER_TIMEOUT):
         client.stop_channels()
         raise BridgeError(f"the kernel of session {session.name} did not answer in {ANSWER_TIMEOUT} s; "
-                          "it may still be running another block (--stop ends it)") from None
+                          "it may still be running another block (--stop ends it)")
     return client, False
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
