@@ -28,7 +28,7 @@ def ensure_venv():
         venv.create(VENV, with_pip=True)
     installed = open(STAMP).read() if os.path.exists(STAMP) else ""
     if installed != wanted:
-        print("tasks: installing mlplcode and its test tools into .venv", flush=True)
+        print("tasks: installing mlplcode with its test and export tools into .venv (first run, or pyproject.toml changed)", flush=True)
         subprocess.run([os.path.join(BIN, "python"), "-m", "pip", "install", "--quiet",
                         "--disable-pip-version-check", "-e", ROOT + "[test,export]"], check=True)
         with open(STAMP, "w") as f:
