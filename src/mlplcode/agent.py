@@ -5,7 +5,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from .journal import State, append_event, fold, read_events, waiting_step
+from .journal import State, append_event, fold, read_events, sync_journal, waiting_step
 from .loop import DEFAULT_BUDGET, observation, resolve, step
 from .models import model_from_spec
 from .policy import DEFAULT_POLICY
@@ -58,7 +58,7 @@ class Agent:
 
     def load(self):
         """Become what the journal says: its events, its root, and a model past the replies used."""
-        self.events = read_events(self.journal)
+        self.events, self.folded = read_events(self.journal), (None, None)
         start = self.events[0] if self.events else {}
         if start.get("type") != "start" or "root" not in start or "run" not in start:
             raise ValueError(f"{self.journal}: not a run an Agent started (no start event with root and run)")
@@ -68,13 +68,15 @@ class Agent:
 
     def record(self, event):
         """Append EVENT to the journal, flushed, then to the list that mirrors it."""
-        append_event(self.journal, event)
+        append_event(self.journal, event, sync=False)
         self.events.append(event)
 
     @property
     def state(self):
-        """The run as its events describe it."""
-        return fold(self.events)
+        """The run as its events describe it, folded again only when an event has been recorded."""
+        if self.folded[0] != len(self.events):
+            self.folded = (len(self.events), fold(self.events))
+        return self.folded[1]
 
     def prompt(self):
         """The messages the model will be sent at the next step."""
@@ -137,17 +139,20 @@ class Agent:
         """Record a note from the human; the model sees it in its next prompt."""
         if self.state.stop:
             raise AgentError(f"the run has stopped ({self.state.stop['reason']}); no model will read a note", "start")
-        self.record({"type": "note", "text": text})
+        with self.interruptible():
+            self.record({"type": "note", "text": text})
 
     @contextlib.contextmanager
     def interruptible(self):
-        """On an interrupt: reload from the journal, close the step it cut short, and re-raise."""
+        """Sync the journal when the work ends; on an interrupt, first reload, close the step cut short."""
         try:
             yield
         except KeyboardInterrupt:
             self.load()
             self.close_cut_step()
             raise
+        finally:
+            sync_journal(self.journal)
 
     def close_cut_step(self):
         """Give the last step an observation if an interrupt left it without one."""

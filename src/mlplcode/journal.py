@@ -3,8 +3,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
-def append_event(path, event):
-    """Append EVENT to the journal at PATH and flush it to disk before returning.
+def append_event(path, event, sync=True):
+    """Append EVENT to the journal at PATH, flushed, and with SYNC on the disk, before returning.
 
     One event per line, written whole with one write call: a crash loses at
     most the event being written, never one already reported.
@@ -13,7 +13,16 @@ def append_event(path, event):
     with open(path, "a", encoding="utf-8") as journal:
         journal.write(line)
         journal.flush()
-        os.fsync(journal.fileno())
+        if sync:
+            os.fsync(journal.fileno())
+
+def sync_journal(path):
+    """Put every event appended to the journal at PATH on the disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 def read_events(path):
     """The events of the journal at PATH, in order.
@@ -75,7 +84,8 @@ def fold(events):
         elif kind == "decision":
             state.steps[-1].approved = event["approved"]
         elif kind == "observation":
-            state.steps[-1].observation = {k: v for k, v in event.items() if k not in ("type", "step")}
+            state.steps[-1].observation = observed = dict(event)
+            del observed["type"], observed["step"]
         elif kind == "stop":
             state.stop = {"reason": event["reason"], "message": event["message"]}
     return state
