@@ -2,3 +2,5 @@
 __version__ = "0.1.0"
 
 from .agent import Agent
+
+__all__ = ["Agent", "__version__"]
