@@ -10,6 +10,11 @@ import pytest
 
 from mlplcode.cli import EXAMPLES, install_kernel
 
+# Journals go to the XDG state directory by default: keep this session's, and the kernels'
+# and Emacs's it starts, out of the user's.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="mlplcode-state-")
+atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)
+
 
 @pytest.fixture
 def project(tmp_path):
@@ -61,3 +66,23 @@ def install_kernelspec():
     install_kernel(user=False, prefix=directory)
     os.environ["JUPYTER_PATH"] = os.path.join(directory, "share", "jupyter")
     return os.environ["JUPYTER_PATH"]
+
+
+def start_event(root, task="Add mul and its test", budget=10, policy=None, model="test"):
+    """A start event as every front end writes it."""
+    from mlplcode.policy import DEFAULT_POLICY
+    return {"type": "start", "task": task, "budget": budget, "policy": policy or DEFAULT_POLICY,
+            "model": model, "model_options": {}, "root": str(root), "run": "test-run"}
+
+
+class Recorder:
+    """The loop's RECORD function for tests: keeps the events and applies each to a state, as an Agent does."""
+
+    def __init__(self, start):
+        from mlplcode.journal import fold
+        self.events, self.state = [start], fold([start])
+
+    def __call__(self, event):
+        from mlplcode.journal import apply
+        self.events.append(event)
+        apply(self.state, event)

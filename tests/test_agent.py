@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -72,11 +73,31 @@ def test_a_run_taken_up_from_its_journal_goes_on_where_it_stopped(agent):
     assert again.step().state.steps[3].action["tool"] == "write"  # the script went on at reply 4
 
 
-def test_a_journal_the_agent_did_not_write_is_refused(tmp_path):
-    journal = str(tmp_path / "cli.jsonl")
+def test_a_journal_without_the_one_start_event_shape_is_refused(tmp_path):
+    journal = str(tmp_path / "old.jsonl")
     append_event(journal, {"type": "start", "task": "t", "budget": 1, "policy": DEFAULT_POLICY, "model": "echo"})
-    with pytest.raises(ValueError, match="not a run an Agent started"):
+    with pytest.raises(ValueError, match="line 1: a start event needs model_options"):
         Agent(journal)
+
+
+def test_a_journal_whose_policy_is_not_whole_is_refused(agent):
+    lines = open(agent.journal).read().replace('"git": "ask", ', "")
+    open(agent.journal, "w").write(lines)
+    with pytest.raises(ValueError, match="the policy names no verdict for git"):
+        Agent(agent.journal)
+
+
+def test_a_run_whose_project_is_gone_cannot_be_taken_up(agent, project):
+    agent.step()
+    os.rename(project, project + "-moved")
+    with pytest.raises(ValueError, match=f"the run's project {project} is gone"):
+        Agent(agent.journal)
+
+
+def test_a_journal_inside_the_project_is_refused(project):
+    with pytest.raises(ValueError, match="is inside the project"):
+        Agent.start("t", project, "echo", journal=os.path.join(project, "sub", "j.jsonl"))
+    assert not os.path.exists(os.path.join(project, "sub"))
 
 
 def test_start_refuses_before_writing_anything(project, tmp_path):
@@ -91,10 +112,15 @@ def test_start_refuses_before_writing_anything(project, tmp_path):
         Agent.start("t", project, "echo", journal=str(journal))
 
 
-def test_the_default_journal_is_named_after_the_run_in_the_working_directory(project, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    agent = Agent.start("t", project, "echo")
-    assert agent.journal == str(tmp_path / f"mlplcode-{agent.run_id}.jsonl")
+def test_the_default_journal_is_named_after_the_run_in_the_state_directory(project, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.chdir(project)
+    agent = Agent.start("t", ".", "echo")
+    assert agent.journal == str(tmp_path / "state" / "mlplcode" / "runs" / f"{agent.run_id}.jsonl")
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/ignored")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    again = Agent.start("t", ".", "echo")
+    assert again.journal.startswith(str(tmp_path / "home" / ".local" / "state" / "mlplcode" / "runs"))
 
 
 def test_the_prompt_is_exactly_what_the_model_is_sent(project, tmp_path):
@@ -104,8 +130,8 @@ def test_the_prompt_is_exactly_what_the_model_is_sent(project, tmp_path):
     assert agent.step().state.steps[0].reply == expected
 
 
-def test_an_interrupt_closes_the_step_it_cut_short_and_the_run_goes_on(agent, monkeypatch):
-    def interrupted(action, root):
+def test_an_interrupt_closes_the_step_stops_the_run_and_resume_takes_it_up(agent, monkeypatch):
+    def interrupted(action, project):
         raise KeyboardInterrupt
     monkeypatch.setattr(mlplcode.loop, "execute", interrupted)
     with pytest.raises(KeyboardInterrupt):
@@ -113,8 +139,58 @@ def test_an_interrupt_closes_the_step_it_cut_short_and_the_run_goes_on(agent, mo
     monkeypatch.undo()
     cut = agent.state.steps[0]
     assert cut.observation["text"].startswith("INTERRUPTED")
+    assert agent.state.stop["reason"] == "interrupted"
     assert read_events(agent.journal) == agent.events
-    assert agent.step().state.steps[1].action == {"tool": "read", "path": "test_calc.py"}
+    with pytest.raises(AgentError, match=r"the run was interrupted: use resume\(\)"):
+        agent.step()
+    again = Agent(agent.journal)
+    again.resume()
+    assert again.events[-1] == {"type": "resume"}
+    assert again.step().state.steps[1].action == {"tool": "read", "path": "test_calc.py"}
+
+
+def test_a_run_whose_process_died_mid_step_is_taken_up_with_its_step_closed(agent):
+    agent.step()
+    append_event(agent.journal, {"type": "reply", "step": 2, "text": "READ test_calc.py"})
+    again = Agent(agent.journal)
+    with pytest.raises(AgentError, match=r"step 2 was cut short: use resume\(\)"):
+        again.step()
+    again.resume()
+    assert again.state.steps[1].observation["text"].startswith("INTERRUPTED")
+    assert again.step().state.steps[2].action == {"tool": "patch", "path": "calc.py",
+                                                  "old": "def add(a, b):\n    return a + b\n",
+                                                  "new": "def add(a, b):\n    return a + b\n\n\n"
+                                                         "def mul(a, b):\n    return a * b\n"}
+
+
+def test_a_finished_run_cannot_be_taken_up(project, tmp_path):
+    agent = Agent.start("t", project, "echo", journal=str(tmp_path / "j.jsonl"), budget=1)
+    agent.run()
+    with pytest.raises(AgentError, match=r"stopped \(budget\) and cannot be taken up again"):
+        agent.resume()
+
+
+def test_drive_answers_each_ask_and_runs_to_the_stop(agent, project):
+    asked = []
+    def decider(action):
+        asked.append(action["tool"])
+        return (True, "") if len(asked) != 2 else (False, "patch the test file instead")
+    report = agent.drive(decider)
+    assert report.state.stop["reason"] == "done" and asked == ["patch", "write", "patch"]
+
+
+def test_a_bare_no_ends_the_run_denied(agent):
+    agent.step(3)
+    report = agent.deny()
+    assert report.state.stop == {"reason": "denied", "message": "step 3: the human declined PATCH calc.py"}
+
+
+def test_a_report_keeps_showing_what_it_showed(agent):
+    report = agent.step(3)
+    before = repr(report)
+    agent.approve()
+    agent.step()
+    assert repr(report) == before
 
 
 def test_a_report_shows_itself_as_html_markdown_and_text(agent):

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from mlplcode import Agent
 from mlplcode.cli import EXAMPLES, main
 from mlplcode.journal import read_events
 
@@ -39,20 +40,42 @@ def test_run_prints_each_step_and_ends_with_the_stop_line(project, script, tmp_p
     assert status == 0
     assert lines[0] == "task: Add mul and its test"
     assert lines[1].startswith("RUN: ")
-    assert lines[2].split() == ["step", "1", "READ", "calc.py", "allow", "calc.py", "(5", "lines)"]
-    assert "ask, approved" in lines[4]
-    assert lines[-1] == "stop: done"
+    assert lines[2] == f"journal: {journal}"
+    assert lines[3].split() == ["step", "1", "READ", "calc.py", "allow", "calc.py", "(5", "lines)"]
+    assert "ask, approved" in lines[5]
+    assert lines[-2:] == ["done: added mul and its test", "stop: done"]
+    assert len([line for line in lines if line.startswith("step  6")]) == 1
     events = read_events(journal)
     assert events[0]["type"] == "start" and events[-1] == {"type": "stop", "reason": "done",
                                                            "message": "added mul and its test"}
+    assert Agent(journal).state.stop["reason"] == "done"  # one journal format, every front end
 
 
-def test_without_a_terminal_every_ask_is_declined(project, script, capsys):
-    status = main(["run", "Add mul", "--root", project, "--model", f"scripted:{script}", "--budget", "3"])
-    out = capsys.readouterr().out
+def test_without_a_terminal_every_ask_is_declined_and_the_run_ends_denied(project, script, capsys):
+    status = main(["run", "Add mul", "--root", project, "--model", f"scripted:{script}", "--budget", "5"])
+    out = capsys.readouterr().out.splitlines()
     assert status == 1
-    assert "ask, declined" in out and out.splitlines()[-1] == "stop: budget"
+    assert "ask, declined" in out[-3] and out[-1] == "stop: denied"
+    assert out[-2] == "denied: step 3: the human declined PATCH calc.py"
     assert "def mul" not in open(os.path.join(project, "calc.py")).read()
+
+
+def test_the_journal_goes_to_the_state_directory_and_never_into_the_project(project, script, tmp_path,
+                                                                              monkeypatch, capsys):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    main(["run", "t", "--root", project, "--model", f"scripted:{script}", "--budget", "1"])
+    journal = capsys.readouterr().out.splitlines()[2].removeprefix("journal: ")
+    assert os.path.dirname(journal) == str(tmp_path / "state" / "mlplcode" / "runs")
+    assert main(["run", "t", "--root", project, "--model", "echo", "--journal",
+                 os.path.join(project, "j.jsonl")]) == 2
+    assert "is inside the project" in capsys.readouterr().err
+
+
+def test_the_last_step_line_is_printed_once_when_the_budget_stops_the_run(project, script, capsys):
+    main(["run", "t", "--root", project, "--model", f"scripted:{script}", "--budget", "1"])
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in out if line.startswith("step")] == [["step", "1"]]
+    assert out[-2:] == ["budget: all 1 steps used", "stop: budget"]
 
 
 def test_a_policy_file_is_used(project, script, tmp_path, capsys):
@@ -62,6 +85,7 @@ def test_a_policy_file_is_used(project, script, tmp_path, capsys):
                  "--policy", str(policy)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[-2].startswith("denied: step 1: READ calc.py") and out[-1] == "stop: denied"
+    assert out[-3].split()[:4] == ["step", "1", "READ", "calc.py"]
 
 
 def test_replay_reproduces_the_events_of_a_run(project, script, tmp_path, capsys):
@@ -71,8 +95,44 @@ def test_replay_reproduces_the_events_of_a_run(project, script, tmp_path, capsys
     fresh = shutil.copytree(os.path.join(EXAMPLES, "add"), str(tmp_path / "fresh"))
     replayed = str(tmp_path / "replayed.jsonl")
     assert main(["replay", journal, "--root", fresh, "--output", replayed]) == 0
-    assert read_events(replayed) == read_events(journal)
+    assert read_events(replayed)[1:] == read_events(journal)[1:]
+    assert read_events(replayed)[0]["model"] == f"replay:{journal}"
     assert capsys.readouterr().out.splitlines()[-1] == "replay: the events are the same as the journal's"
+
+
+def test_a_replay_gives_a_no_its_recorded_reason(project, tmp_path, capsys):
+    replies = tmp_path / "r.json"
+    replies.write_text(json.dumps(["READ calc.py", REPLIES[2], "READ test_calc.py"]))
+    journal = tmp_path / "run.jsonl"
+    agent = Agent.start("t", project, f"scripted:{replies}", journal=str(journal), budget=3)
+    agent.drive(lambda action: (False, "not yet"))
+    fresh = shutil.copytree(os.path.join(EXAMPLES, "add"), str(tmp_path / "fresh"))
+    assert main(["replay", str(journal), "--root", fresh, "--output", str(tmp_path / "again.jsonl")]) == 1
+    assert capsys.readouterr().out.splitlines()[-3:] == [
+        "budget: all 3 steps used", "stop: budget", "replay: the events are the same as the journal's"]
+
+
+def test_resume_takes_up_an_interrupted_cli_run(project, tmp_path, monkeypatch, capsys):
+    journal, script = str(tmp_path / "run.jsonl"), tmp_path / "again.json"
+    script.write_text(json.dumps(REPLIES[:5] + REPLIES[4:]))  # the interrupted RUN, then one more
+    import mlplcode.loop
+    real = mlplcode.loop.execute
+    def interrupt_the_test_run(action, where):
+        if action["tool"] == "run":
+            raise KeyboardInterrupt
+        return real(action, where)
+    monkeypatch.setattr(mlplcode.loop, "execute", interrupt_the_test_run)
+    assert main(["run", "Add mul", "--root", project, "--model", f"scripted:{script}", "--yes",
+                 "--journal", journal]) == 130
+    assert capsys.readouterr().out.splitlines()[-1] == "stop: interrupted"
+    monkeypatch.undo()
+    assert main(["resume", journal, "--yes"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "stop: done"
+    kinds = [e["type"] for e in read_events(journal)]
+    assert kinds.count("resume") == 1 and kinds.count("stop") == 2
+    assert main(["resume", journal]) == 2
+    assert "the run has stopped (done) and cannot be taken up again: use mlplcode run" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -101,7 +161,7 @@ def test_an_existing_journal_is_not_appended_to(project, tmp_path, capsys):
 
 
 def test_every_command_has_help():
-    for command in (["--help"], ["run", "--help"], ["replay", "--help"], ["demo", "--help"]):
+    for command in (["--help"], ["run", "--help"], ["replay", "--help"], ["resume", "--help"], ["demo", "--help"]):
         result = subprocess.run([sys.executable, "-m", "mlplcode.cli", *command],
                                 capture_output=True, text=True)
         assert result.returncode == 0 and result.stdout.startswith("usage: mlplcode")
@@ -129,6 +189,7 @@ def test_a_model_server_that_is_down_stops_the_run_with_error_and_keeps_the_jour
     out = capsys.readouterr().out.splitlines()
     assert status == 1 and out[-1] == "stop: error"
     assert "connection failed" in out[-2]
+    assert not [line for line in out if line.startswith("step")]
     events = read_events(journal)
     assert [e["type"] for e in events] == ["start", "stop"]
     assert events[-1]["reason"] == "error"
@@ -158,7 +219,8 @@ def test_kernel_install_takes_one_place(capsys):
 
 
 def test_the_banner_says_unsandboxed_when_bubblewrap_is_missing(project, script, monkeypatch, capsys):
-    monkeypatch.setattr("mlplcode.trust.find_bubblewrap", lambda root: None)
+    monkeypatch.setattr("mlplcode.tools.project.find_program",
+                        lambda name, root: None if name == "bwrap" else shutil.which(name))
     main(["run", "t", "--root", project, "--model", f"scripted:{script}", "--budget", "1"])
     assert capsys.readouterr().out.splitlines()[1] == (
         "RUN: unsandboxed: bubblewrap (bwrap) not found; tests run with your user's files and network")

@@ -1,6 +1,7 @@
 """The mlplcode kernel, driven over jupyter_client as Jupyter drives it."""
 import json
 import os
+import pathlib
 import shutil
 import tempfile
 import threading
@@ -13,6 +14,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 from conftest import install_kernelspec
+from mlplcode import Agent
 from mlplcode.kernel import COMMANDS, help_view
 from mlplcode.show import as_text
 
@@ -133,8 +135,20 @@ def test_the_add_mul_task_with_one_ask_approved_and_one_denied_by_a_cell(kernel,
         assert kinds(kernel.ok(f"%save {name}")) == ["saved"]
     nbformat.validate(nbformat.read(str(tmp_path / "t.ipynb"), as_version=4))
     assert open(tmp_path / "t.org").read().count("\n* step ") == 7
-    journal = text(kernel.ok("%show journal")).splitlines()[0].removeprefix("journal: ")
-    assert os.path.dirname(journal) == str(tmp_path)  # the kernel's working directory
+    journal = journal_of(kernel)
+    assert os.path.dirname(journal) == os.path.join(os.environ["XDG_STATE_HOME"], "mlplcode", "runs")
+    assert Agent(journal).state.stop["reason"] == "done"  # the kernel's journal opens with Agent
+
+
+def journal_of(kernel):
+    """The journal of the kernel's run in progress, as %show journal names it."""
+    return text(kernel.ok("%show journal")).splitlines()[0].removeprefix("journal: ")
+
+
+def test_a_bare_deny_ends_the_run(kernel, project, replies):
+    kernel.ok(f"%root {project}\n%model scripted:{replies}\n%task Add mul\n%step 3")
+    assert "stop: denied: step 3: the human declined PATCH calc.py" in text(kernel.ok("%deny"))
+    assert "%task TEXT" in kernel.error("%step")
 
 
 def test_mistakes_are_error_replies_that_say_what_to_do(kernel, project):
@@ -153,7 +167,7 @@ def test_mistakes_are_error_replies_that_say_what_to_do(kernel, project):
 
 def test_a_failure_inside_a_step_is_an_error_reply_and_the_kernel_lives(kernel, project, tmp_path):
     kernel.ok(f"%root {project}\n%model echo\n%task t")
-    [journal] = tmp_path.glob("mlplcode-*.jsonl")
+    journal = pathlib.Path(journal_of(kernel))
     journal.unlink()
     journal.mkdir()  # the journal can no longer be appended to
     assert "Is a directory" in kernel.error("%step")
@@ -180,7 +194,7 @@ def test_root_copy_works_on_a_fresh_copy(kernel, project, tmp_path):
 def test_after_a_restart_resume_takes_the_run_up_at_its_waiting_ask(kernel, project, replies, tmp_path):
     kernel.ok(f"%root {project}\n%model scripted:{replies}\n%task Add mul")
     kernel.ok("%step 3")
-    [journal] = tmp_path.glob("mlplcode-*.jsonl")
+    journal = journal_of(kernel)
     kernel.manager.restart_kernel(now=True)
     kernel.client.wait_for_ready(timeout=TIMEOUT)
     assert "no run yet" in kernel.error("%approve")
@@ -224,7 +238,7 @@ def slow_server():
     httpd.server_close()
 
 
-def test_an_interrupt_cancels_the_step_and_the_run_goes_on(project, tmp_path, slow_server):
+def test_an_interrupt_stops_the_run_and_resume_takes_it_up(project, tmp_path, slow_server):
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     kernel = Kernel(tmp_path, env=env)
     try:
@@ -238,8 +252,11 @@ def test_an_interrupt_cancels_the_step_and_the_run_goes_on(project, tmp_path, sl
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
         assert time.monotonic() - interrupted < 5
         assert kernel.manager.is_alive()
-        assert "next: step 1" in text(kernel.ok("%show state"))  # nothing of the cut step was recorded
+        state = text(kernel.ok("%show state"))
+        assert "steps: 0 of 20" in state and "stop: interrupted" in state  # nothing of the cut step recorded
+        assert "the run was interrupted: use %resume" in kernel.error("%step")
         slow_server.release.set()
+        assert "next: step 1" in text(kernel.ok("%resume"))
         assert "READ calc.py" in text(kernel.ok("%step"))
     finally:
         kernel.close()

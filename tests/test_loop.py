@@ -1,9 +1,12 @@
 import pytest
 
-from mlplcode.journal import fold, waiting_step
-from mlplcode.loop import resolve, run, step
+from conftest import Recorder, start_event
+
+from mlplcode.journal import waiting_step
+from mlplcode.loop import decide, step
 from mlplcode.models import ModelError
 from mlplcode.policy import DEFAULT_POLICY, always
+from mlplcode.tools.project import open_project
 
 PATCH_MUL = ("PATCH calc.py\nOLD\ndef add(a, b):\n    return a + b\nNEW\n"
              "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\nEND")
@@ -22,14 +25,16 @@ def scripted(replies):
     return model
 
 
-def start(task="Add mul and its test", budget=10, policy=DEFAULT_POLICY):
-    return [{"type": "start", "task": task, "budget": budget, "policy": policy, "model": "test"}]
-
-
-def drive(project, replies, decide=always(True), **kwargs):
-    events = start(**kwargs)
-    reason = run(events, scripted(replies), project, decide, events.append)
-    return reason, fold(events), events
+def drive(project, replies, decider=always(True), **kwargs):
+    """Step the loop to its stop, answering each ask with DECIDER, as Agent.drive does."""
+    record, model, where = Recorder(start_event(project, **kwargs)), scripted(replies), open_project(project)
+    while record.state.stop is None:
+        waiting = waiting_step(record.state)
+        if waiting:
+            where = decide(record.state, *decider(waiting.action), where, record)
+        else:
+            where = step(record.state, model, where, record)
+    return record.state.stop["reason"], record.state, record.events
 
 
 def test_the_whole_add_mul_flow_ends_done(project):
@@ -61,12 +66,23 @@ def test_done_after_a_failing_test_run_is_not_verified(project):
     assert state.steps[5].observation["text"].startswith("NOT VERIFIED: the last test run did not pass")
 
 
-def test_a_declined_ask_is_an_observation_and_the_run_goes_on(project):
-    reason, state, _ = drive(project, ["READ calc.py", PATCH_MUL, "READ calc.py"],
-                             decide=always(False), budget=3)
+def test_a_declined_ask_without_a_reason_ends_the_run_denied(project):
+    reason, state, events = drive(project, ["READ calc.py", PATCH_MUL, "READ calc.py"],
+                                  decider=always(False), budget=3)
+    assert reason == "denied" and len(state.steps) == 2
+    assert state.steps[1].approved is False and state.steps[1].observation is None
+    assert events[-1]["message"] == "step 2: the human declined PATCH calc.py"
+    assert "def mul" not in open(f"{project}/calc.py").read()
+
+
+def test_a_declined_ask_with_a_reason_is_an_observation_a_note_and_the_run_goes_on(project):
+    reason, state, events = drive(project, ["READ calc.py", PATCH_MUL, "READ calc.py"],
+                                  decider=lambda action: (False, "add sub instead"), budget=3)
     assert reason == "budget"
     assert state.steps[1].approved is False
     assert state.steps[1].observation["text"].startswith("DECLINED")
+    assert state.notes == [(2, "add sub instead")]
+    assert {"type": "decision", "step": 2, "approved": False, "reason": "add sub instead"} in events
     assert "def mul" not in open(f"{project}/calc.py").read()
 
 
@@ -90,8 +106,8 @@ def test_the_budget_stops_the_run(project):
 
 def test_a_repeated_reply_is_flagged_then_the_third_is_stuck(project):
     reason, state, events = drive(project, ["READ calc.py"] * 3)
-    assert state.steps[1].observation["text"].startswith("NOTE: this reply is identical")
-    assert not state.steps[0].observation["text"].startswith("NOTE")
+    assert state.steps[1].observation["repeat"] is True
+    assert "repeat" not in state.steps[0].observation
     assert reason == "stuck"
     assert state.steps[2].observation is None
 
@@ -131,43 +147,55 @@ def test_a_tool_failure_is_an_error_observation(project):
 
 
 def test_step_takes_exactly_one_turn(project):
-    events = start()
-    step(events, scripted(["READ calc.py", "READ test_calc.py"]), project, always(True), events.append)
-    assert [e["type"] for e in events] == ["start", "reply", "action", "verdict", "observation"]
+    record = Recorder(start_event(project))
+    step(record.state, scripted(["READ calc.py", "READ test_calc.py"]), open_project(project), record)
+    assert [e["type"] for e in record.events] == ["start", "reply", "action", "verdict", "observation"]
 
 
-def test_without_a_decider_an_ask_waits_for_resolve(project):
-    events = start()
+def test_an_ask_waits_for_decide(project):
+    record, where = Recorder(start_event(project)), open_project(project)
     model = scripted(["READ calc.py", ADD_MUL[2]])
-    step(events, model, project, None, events.append)
-    step(events, model, project, None, events.append)
-    waiting = waiting_step(fold(events))
+    step(record.state, model, where, record)
+    step(record.state, model, where, record)
+    waiting = waiting_step(record.state)
     assert waiting.number == 2 and waiting.observation is None
     assert "def mul" not in open(f"{project}/calc.py").read()
-    resolve(events, True, project, events.append)
-    assert waiting_step(fold(events)) is None
-    assert fold(events).steps[-1].observation["text"].startswith("patched calc.py")
+    decide(record.state, True, "", where, record)
+    assert waiting_step(record.state) is None
+    assert record.state.steps[-1].observation["text"].startswith("patched calc.py")
     with pytest.raises(ValueError, match="no action is waiting"):
-        resolve(events, True, project, events.append)
+        decide(record.state, True, "", where, record)
 
 
-def test_an_approval_is_refused_when_the_target_changed_before_resolve(project):
-    events = start()
+def test_an_approval_is_refused_when_the_target_changed_before_the_decision(project):
+    record, where = Recorder(start_event(project)), open_project(project)
     model = scripted(["READ calc.py", ADD_MUL[2]])
-    step(events, model, project, None, events.append)
-    step(events, model, project, None, events.append)
-    assert fold(events).steps[-1].target["path"] == "calc.py"
+    step(record.state, model, where, record)
+    step(record.state, model, where, record)
+    assert record.state.steps[-1].target["path"] == "calc.py"
     with open(f"{project}/calc.py", "a") as calc:
         calc.write("# changed while the human was deciding\n")
-    resolve(events, True, project, events.append)
-    assert fold(events).steps[-1].observation["text"].startswith("CHANGED")
+    decide(record.state, True, "", where, record)
+    assert record.state.steps[-1].observation["text"].startswith("CHANGED")
     assert "def mul" not in open(f"{project}/calc.py").read()
+
+
+def test_a_search_can_be_asked_about_though_it_binds_no_target(project):
+    reason, state, _ = drive(project, ["SEARCH def add"], budget=1,
+                             policy={**DEFAULT_POLICY, "search": "ask"})
+    assert state.steps[0].verdict == "ask" and state.steps[0].target is None
+    assert state.steps[0].observation["text"].startswith("calc.py:4:")
+
+
+def test_the_read_first_guard_sees_through_dot_dot(project):
+    reason, state, _ = drive(project, ["WRITE nope/../calc.py\nx = 1\nEND"], budget=1)
+    assert state.steps[0].verdict == "refused" and "read it first" in state.steps[0].reason
 
 
 def test_a_path_the_tools_refuse_is_refused_before_the_policy_asks(project):
     asked = []
     reason, state, _ = drive(project, ["WRITE ../outside.txt\nx\nEND"], budget=1,
-                             decide=lambda action: asked.append(action) or True)
+                             decider=lambda action: asked.append(action) or (True, ""))
     assert state.steps[0].verdict == "refused" and asked == []
     assert "leaves the project root" in state.steps[0].observation["text"]
 

@@ -7,6 +7,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from conftest import start_event
+
 from mlplcode import models
 from mlplcode.models import ModelError, model_from_spec
 
@@ -73,10 +75,10 @@ def test_scripted_refuses_a_bad_file_when_built(tmp_path, content, complaint):
 def test_replay_uses_only_reply_events_in_order(tmp_path):
     journal = tmp_path / "run.jsonl"
     events = [
-        {"type": "prompt", "text": "not a reply"},
-        {"type": "reply", "text": "READ a.py"},
-        {"type": "observation", "text": "print(1)"},
-        {"type": "reply", "text": "DONE"},
+        start_event(tmp_path),
+        {"type": "reply", "step": 1, "text": "READ a.py"},
+        {"type": "observation", "step": 1, "ok": True, "text": "print(1)"},
+        {"type": "reply", "step": 2, "text": "DONE"},
     ]
     journal.write_text("".join(json.dumps(event) + "\n" for event in events))
     model = model_from_spec(f"replay:{journal}")
@@ -91,7 +93,7 @@ def test_replay_uses_only_reply_events_in_order(tmp_path):
 ])
 def test_replay_refuses_a_bad_journal_when_built(tmp_path, line, complaint):
     journal = tmp_path / "run.jsonl"
-    journal.write_text('{"type": "reply", "text": "ok"}\n' + line + "\n")
+    journal.write_text(json.dumps(start_event(tmp_path)) + "\n" + line + "\n")
     with pytest.raises(ModelError, match=complaint):
         model_from_spec(f"replay:{journal}")
 

@@ -71,15 +71,23 @@ def test_load_policy_refuses_mistakes(tmp_path, text, message):
 ])
 def test_terminal_decider_accepts_only_y_or_yes(answer, approved):
     shown = []
-    decide = terminal_decider(ask=lambda prompt: answer, show=shown.append)
-    assert decide(WRITE) is approved
+    decide = terminal_decider(ask=lambda prompt: answer if prompt.startswith("approve") else "",
+                              show=shown.append)
+    assert decide(WRITE) == (approved, "")
     assert shown == ["WRITE calc.py\nx = 1\nEND"]
+
+
+def test_after_a_no_the_terminal_asks_for_a_reason():
+    answers, asked = iter(["n", "  use PATCH  "]), []
+    decide = terminal_decider(ask=lambda prompt: asked.append(prompt) or next(answers), show=lambda text: None)
+    assert decide(WRITE) == (False, "use PATCH")
+    assert asked == ["approve? [y/N] ", "reason for the model (empty: end the run): "]
 
 
 def test_terminal_decider_says_no_at_end_of_input():
     def closed(prompt):
         raise EOFError
-    assert terminal_decider(ask=closed, show=lambda text: None)(WRITE) is False
+    assert terminal_decider(ask=closed, show=lambda text: None)(WRITE) == (False, "")
 
 
 def test_preview_shows_a_patch_as_a_diff():
@@ -89,8 +97,8 @@ def test_preview_shows_a_patch_as_a_diff():
 
 
 def test_always():
-    assert always(True)(WRITE) is True
-    assert always(False)(WRITE) is False
+    assert always(True)(WRITE) == (True, "")
+    assert always(False)(WRITE) == (False, "")
 
 
 @pytest.mark.parametrize("path", ["conftest.py", "tests/conftest.py", "pytest.ini", "pyproject.toml",

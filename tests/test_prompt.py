@@ -1,30 +1,31 @@
+from conftest import Recorder, start_event
+
 from mlplcode.loop import step
 from mlplcode.models import model_from_spec
-from mlplcode.policy import DEFAULT_POLICY, always
-from mlplcode.prompt import SYSTEM_PROMPT, cut
+from mlplcode.prompt import SYSTEM_PROMPT, Rendered, build_context, cut
+from mlplcode.tools.project import open_project
 
 
 def test_the_prompt_at_step_1(project):
-    events = [{"type": "start", "task": "Add mul and its test", "budget": 5,
-               "policy": DEFAULT_POLICY, "model": "echo"}]
-    step(events, model_from_spec("echo"), project, always(True), events.append)
-    assert events[1]["text"] == (
+    record = Recorder(start_event(project, budget=5))
+    step(record.state, model_from_spec("echo"), open_project(project), record)
+    assert record.events[1]["text"] == (
         "TASK: Add mul and its test\n\n"
         "You have 5 of 5 steps left. Reply with exactly one action.")
 
 
 def test_the_prompt_at_step_3(project):
-    events = [{"type": "start", "task": "Add mul and its test", "budget": 5,
-               "policy": DEFAULT_POLICY, "model": "echo"},
-              {"type": "note", "text": "Keep add unchanged."}]
+    record = Recorder(start_event(project, budget=5))
+    record({"type": "note", "text": "Keep add unchanged."})
     replies = iter(["READ calc.py", "Let me look.", None])
     echo = model_from_spec("echo")
     def model(messages):
         reply = next(replies)
         return echo(messages) if reply is None else reply
+    where = open_project(project)
     for _ in range(3):
-        step(events, model, project, always(True), events.append)
-    [reply] = [e for e in events if e["type"] == "reply" and e["step"] == 3]
+        where = step(record.state, model, where, record)
+    [reply] = [e for e in record.events if e["type"] == "reply" and e["step"] == 3]
     assert reply["text"] == (
         "TASK: Add mul and its test\n\n"
         "NOTE FROM THE HUMAN: Keep add unchanged.\n\n"
@@ -38,10 +39,35 @@ def test_the_prompt_at_step_3(project):
         "You have 3 of 5 steps left. Reply with exactly one action.")
 
 
-def test_the_system_prompt_uses_placeholders_and_states_the_rules():
+def test_the_kept_paragraphs_give_the_same_prompt_as_writing_it_whole(project):
+    record = Recorder(start_event(project, budget=50))
+    rendered, where = Rendered(), open_project(project)
+    replies = iter(["READ calc.py", "READ calc.py", "SEARCH add", "hmm", "READ test_calc.py"] * 3)
+    for number in range(15):
+        if number % 4 == 1:
+            record({"type": "note", "text": f"note {number}"})
+        assert build_context(record.state, rendered) == build_context(record.state)
+        where = step(record.state, lambda messages: next(replies), where, record, rendered)
+    assert build_context(record.state, rendered) == build_context(record.state)
+    assert rendered.segments == 15
+
+
+def test_a_repeated_reply_is_flagged_in_the_prompt(project):
+    record = Recorder(start_event(project, budget=5))
+    where = open_project(project)
+    for _ in range(2):
+        where = step(record.state, lambda messages: "READ calc.py", where, record)
+    assert record.state.steps[1].observation["repeat"] is True
+    assert "OBSERVATION 2:\nNOTE: this reply is identical to your previous one.\ncalc.py" in \
+        build_context(record.state)[1]["content"]
+
+
+def test_the_system_prompt_is_made_from_the_verb_table():
     assert "<path>" in SYSTEM_PROMPT and ".py" not in SYSTEM_PROMPT
     assert "Never write an OBSERVATION" in SYSTEM_PROMPT
     assert "DONE is accepted only after you have edited a file and a test run has passed" in SYSTEM_PROMPT
+    forms = SYSTEM_PROMPT.split("\n\n")[1]
+    assert forms.splitlines()[0] == "READ <path>" and forms.splitlines()[-1] == "DONE <summary>"
 
 
 def test_long_observations_are_cut_with_a_marker():

@@ -1,4 +1,4 @@
-"""Tests for tools.py: each tool's success and failure, confinement, bounds and RUN's processes."""
+"""Tests for the tools: each tool's success and failure, confinement, bounds and RUN's processes."""
 
 import os
 import stat
@@ -11,7 +11,13 @@ from conftest import require_tool
 
 import re
 
-from mlplcode import tools, trust
+import sys
+
+from mlplcode import commands, trust
+from mlplcode.tools import PathRefused, paths, read, run as run_module, search, write
+from mlplcode.tools import project as project_module
+from mlplcode.tools.project import open_project
+from mlplcode.verbs import execute, fingerprint
 
 
 @pytest.fixture
@@ -26,7 +32,14 @@ def project(tmp_path):
 
 def act(root, tool, **fields):
     """Execute one action in root, written as keyword fields."""
-    return tools.execute({"tool": tool, **fields}, str(root))
+    return execute({"tool": tool, **fields}, open_project(root))
+
+
+def without(program, monkeypatch):
+    """Make the project find no PROGRAM on this machine, as where it is not installed."""
+    real = trust.find_program
+    monkeypatch.setattr(project_module, "find_program",
+                        lambda name, root: None if name == program else real(name, root))
 
 
 def assert_error(result, *fragments):
@@ -134,9 +147,9 @@ def test_symlink_to_a_secret_is_refused_by_its_target_name(project):
 
 
 def test_resolve_path_gives_the_real_path_or_raises(project):
-    assert tools.resolve_path(str(project), "sub/../hello.txt") == str(project / "hello.txt")
-    with pytest.raises(tools.PathRefused, match="leaves the project root"):
-        tools.resolve_path(str(project), "sub/../../x")
+    assert paths.resolve_path(open_project(project), "sub/../hello.txt") == str(project / "hello.txt")
+    with pytest.raises(PathRefused, match="leaves the project root"):
+        paths.resolve_path(open_project(project), "sub/../../x")
 
 
 def test_mlplcodeignore_can_be_read_but_not_changed(project):
@@ -180,9 +193,9 @@ def test_read_refuses_binary_and_non_utf8(project, data):
 
 
 def test_read_refuses_oversize_file_saying_size_and_cap(project):
-    (project / "big.txt").write_text("x" * (tools.READ_CAP_BYTES + 1))
+    (project / "big.txt").write_text("x" * (read.READ_CAP_BYTES + 1))
     assert_error(act(project, "read", path="big.txt"),
-                 f"{tools.READ_CAP_BYTES + 1} bytes", f"cap of {tools.READ_CAP_BYTES} bytes")
+                 f"{read.READ_CAP_BYTES + 1} bytes", f"cap of {read.READ_CAP_BYTES} bytes")
 
 
 # --- SEARCH ------------------------------------------------------------------
@@ -193,7 +206,7 @@ def backend(request, monkeypatch):
     if request.param == "ripgrep":
         require_tool("rg", "SEARCH with ripgrep")
     if request.param == "python":
-        monkeypatch.setattr(tools.shutil, "which", lambda name: None)
+        without("rg", monkeypatch)
     return request.param
 
 
@@ -240,13 +253,13 @@ def test_search_hides_ignored_secret_git_and_binary_files(project, backend):
 def test_search_caps_matches_and_cuts_long_lines(project, backend):
     (project / "many.txt").write_text("hit " + "y" * 300 + "\n" + "hit\n" * 59)
     lines = act(project, "search", query="hit")["text"].split("\n")
-    assert len(lines) == tools.SEARCH_MAX_MATCHES + 1
+    assert len(lines) == search.SEARCH_MAX_MATCHES + 1
     assert lines[0] == "many.txt:1: " + ("hit " + "y" * 300)[:200]
     assert lines[-1] == "[... 10 more matches in 1 file(s) cut; narrow the query]"
 
 
 def test_search_stops_after_the_file_cap(project, backend):
-    for number in range(tools.SEARCH_MAX_FILES + 5):
+    for number in range(search.SEARCH_MAX_FILES + 5):
         (project / f"f{number:03}.txt").write_text("hit\n")
     lines = act(project, "search", query="hit")["text"].split("\n")
     assert lines[0] == "f000.txt:1: hit"
@@ -267,12 +280,12 @@ def test_search_backends_agree(project, monkeypatch):
         (project / relative).parent.mkdir(parents=True, exist_ok=True)
         (project / relative).write_bytes(text.encode("utf-8"))
     (project / "latin1.txt").write_bytes("hit caf\u00e9".encode("latin-1"))
-    for number in range(tools.SEARCH_MAX_FILES + 3):
+    for number in range(search.SEARCH_MAX_FILES + 3):
         (project / "many" / f"{number}.txt").parent.mkdir(exist_ok=True)
         (project / "many" / f"{number}.txt").write_text("hit\n" if number % 2 else "miss\n")
     for query in ["hit", "hit again", "\u00e9", "one", "absent", "-e"]:
         with_ripgrep = act(project, "search", query=query)
-        monkeypatch.setattr(tools.shutil, "which", lambda name: None)
+        without("rg", monkeypatch)
         with_python = act(project, "search", query=query)
         monkeypatch.undo()
         assert with_ripgrep == with_python, query
@@ -280,18 +293,18 @@ def test_search_backends_agree(project, monkeypatch):
 
 def test_search_backends_agree_at_the_depth_bound(project, monkeypatch):
     require_tool("rg", "SEARCH with ripgrep")
-    monkeypatch.setattr(tools, "SEARCH_MAX_DEPTH", 3)
+    monkeypatch.setattr(search, "SEARCH_MAX_DEPTH", 3)
     for depth in range(1, 6):
         (project / ("d/" * depth)).mkdir(parents=True, exist_ok=True)
         (project / ("d/" * depth) / "f.txt").write_text("deep\n")
     with_ripgrep = act(project, "search", query="deep")["text"]
-    monkeypatch.setattr(tools.shutil, "which", lambda name: None)
+    without("rg", monkeypatch)
     assert act(project, "search", query="deep")["text"] == with_ripgrep
     assert with_ripgrep == "d/d/f.txt:1: deep\nd/f.txt:1: deep"
 
 
 def test_search_stops_at_its_deadline_and_says_so(project, backend, monkeypatch):
-    monkeypatch.setattr(tools, "SEARCH_SECONDS", 0)
+    monkeypatch.setattr(search, "SEARCH_SECONDS", 0)
     lines = act(project, "search", query="two")["text"].split("\n")
     assert lines[-1] == "[... the search stopped after 0 s; narrow the query]"
     assert lines[:-1] in ([], ["hello.txt:2: two"])  # ripgrep may answer before it is killed
@@ -317,19 +330,19 @@ def test_tools_refuse_files_that_are_not_regular(project, tmp_path):
 
 
 def test_read_refuses_a_file_swapped_after_the_check(project, tmp_path, monkeypatch):
-    real_open = tools.os.open
+    real_open = os.open
 
     def swap_then_open(path, flags, *args):
         os.unlink(path)
         os.symlink(tmp_path / "outside.txt", path)
         return real_open(path, flags, *args)
 
-    monkeypatch.setattr(tools.os, "open", swap_then_open)
+    monkeypatch.setattr(os, "open", swap_then_open)
     assert_error(act(project, "read", path="hello.txt"), "changed while it was being opened")
 
 
 def test_write_and_patch_refuse_content_over_the_cap(project):
-    big = "x" * (tools.WRITE_CAP_BYTES + 1)
+    big = "x" * (write.WRITE_CAP_BYTES + 1)
     assert_error(act(project, "write", path="big.txt", content=big), "over the write cap")
     assert_error(act(project, "patch", path="hello.txt", old="two", new=big), "over the write cap")
     assert not (project / "big.txt").exists()
@@ -357,13 +370,13 @@ def test_the_agent_s_own_files_cannot_be_written(project):
 
 def test_fingerprint_changes_with_the_target(project, tmp_path):
     action = {"tool": "write", "path": "hello.txt", "content": "x"}
-    before = tools.fingerprint(action, str(project))
+    before = fingerprint(action, open_project(project))
     assert before["path"] == "hello.txt" and before["link"] is False and before["links"] == 1
-    assert tools.fingerprint(action, str(project)) == before
+    assert fingerprint(action, open_project(project)) == before
     (project / "hello.txt").write_text("one\ntwo\nthree!\n")
-    assert tools.fingerprint(action, str(project)) != before
+    assert fingerprint(action, open_project(project)) != before
     fresh = {"tool": "write", "path": "new.txt", "content": "x"}
-    assert tools.fingerprint(fresh, str(project)) == {"path": "new.txt", "link": False,
+    assert fingerprint(fresh, open_project(project)) == {"path": "new.txt", "link": False,
                                                       "exists": False}
 
 
@@ -408,7 +421,7 @@ def test_write_crash_leaves_old_content_and_no_temp_file(project, monkeypatch, c
         """Fail the way a full disk or a lost device would."""
         raise OSError("disk on fire")
 
-    monkeypatch.setattr(tools.os, crash_in, crash)
+    monkeypatch.setattr(os, crash_in, crash)
     result = act(project, "write", path="hello.txt", content="half")
     monkeypatch.undo()
     assert_error(result, "disk on fire")
@@ -472,7 +485,7 @@ def test_patch_refuses_empty_old_and_missing_file(project):
     ("pytest 'unclosed", "shell"),
 ])
 def test_classify_command(command, kind):
-    assert tools.classify_command(command) == kind
+    assert commands.classify_command(command) == kind
 
 
 @pytest.mark.parametrize("command, refusal", [
@@ -501,25 +514,25 @@ def test_classify_command(command, kind):
     ("pytest 'a", "cannot be split"),
 ])
 def test_parse_command_refuses_with_the_reason(command, refusal):
-    with pytest.raises(tools.CommandRefused, match=refusal):
-        tools.parse_command(command)
+    with pytest.raises(commands.CommandRefused, match=refusal):
+        commands.parse_command(command)
 
 
 def test_parse_command_gives_the_path_operands():
-    assert tools.parse_command("python -m pytest -k 'a and b' -q t/x.py::test_a ../y") == (
+    assert commands.parse_command("python -m pytest -k 'a and b' -q t/x.py::test_a ../y") == (
         "run", ["python", "-m", "pytest", "-k", "a and b", "-q", "t/x.py::test_a", "../y"],
         ["t/x.py", "../y"])
-    assert tools.parse_command("git diff HEAD~2 src -- HEAD.txt")[2] == ["src", "HEAD.txt"]
+    assert commands.parse_command("git diff HEAD~2 src -- HEAD.txt")[2] == ["src", "HEAD.txt"]
 
 
 def test_program_argv_runs_our_pytest_and_a_tamed_git():
-    assert tools.program_argv("run", ["python3", "-m", "pytest", "-q"]) == [
-        tools.sys.executable, "-P", "-m", "pytest", "-q"]
-    assert tools.program_argv("run", ["pytest", "-x"]) == [
-        tools.sys.executable, "-P", "-m", "pytest", "-x"]
-    assert tools.program_argv("git", ["git", "diff"]) == [
+    assert commands.program_argv("run", ["python3", "-m", "pytest", "-q"]) == [
+        sys.executable, "-P", "-m", "pytest", "-q"]
+    assert commands.program_argv("run", ["pytest", "-x"]) == [
+        sys.executable, "-P", "-m", "pytest", "-x"]
+    assert commands.program_argv("git", ["git", "diff"]) == [
         "git", "--no-pager", "-c", "core.fsmonitor=false", "diff", "--no-ext-diff", "--no-textconv"]
-    assert tools.program_argv("git", ["git", "status", "-s"]) == [
+    assert commands.program_argv("git", ["git", "status", "-s"]) == [
         "git", "--no-pager", "-c", "core.fsmonitor=false", "status", "-s"]
 
 
@@ -540,7 +553,7 @@ def mode(request, monkeypatch):
     if request.param == "sandboxed":
         require_tool("bwrap", "RUN inside bubblewrap")
     else:
-        monkeypatch.setattr(tools, "find_bubblewrap", lambda root: None)
+        without("bwrap", monkeypatch)
     return request.param
 
 
@@ -573,14 +586,14 @@ def test_a_pytest_module_in_the_root_cannot_stand_in_for_pytest(project, mode):
 
 
 def test_pytest_passed_reads_the_final_summary():
-    assert tools.pytest_passed(0, "..\n2 passed in 0.1s\n") is True
-    assert tools.pytest_passed(0, "F.\n1 failed, 1 passed in 0.1s\n") is False
-    assert tools.pytest_passed(0, "== 1 passed, 1 error in 0.2s ==") is False
-    assert tools.pytest_passed(1, "1 passed in 0.1s") is False
+    assert run_module.pytest_passed(0, "..\n2 passed in 0.1s\n") is True
+    assert run_module.pytest_passed(0, "F.\n1 failed, 1 passed in 0.1s\n") is False
+    assert run_module.pytest_passed(0, "== 1 passed, 1 error in 0.2s ==") is False
+    assert run_module.pytest_passed(1, "1 passed in 0.1s") is False
 
 
 def test_run_timeout_kills_every_process(project, mode, monkeypatch):
-    monkeypatch.setattr(tools, "RUN_TIMEOUT_SECONDS", 2)
+    monkeypatch.setattr(run_module, "RUN_TIMEOUT_SECONDS", 2)
     marker = f"mlplcode-hang-{os.getpid()}"
     write_test(project, "def test_hang():\n"
                f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{marker}'])\n"
@@ -624,10 +637,10 @@ def process_is_running(pid):
 
 
 def test_show_output_keeps_head_and_tail_and_counts_the_bytes_cut(project):
-    output = tools.Output(head=b"h" * 4000, tail=b"t" * 4000, total=8100)
-    assert tools.show_output(output, str(project)) == (
+    output = run_module.Output(head=b"h" * 4000, tail=b"t" * 4000, total=8100)
+    assert run_module.show_output(output, str(project)) == (
         "h" * 4000 + "\n[... 100 bytes cut ...]\n" + "t" * 4000)
-    assert tools.show_output(tools.Output(b"short", b"", 5), str(project)) == "short"
+    assert run_module.show_output(run_module.Output(b"short", b"", 5), str(project)) == "short"
 
 
 def test_run_output_is_capped(project, mode):
@@ -679,7 +692,7 @@ def test_run_child_sees_only_the_allowed_environment(project, mode, monkeypatch)
 
 def test_the_childs_path_keeps_no_entry_inside_the_root(project, monkeypatch):
     monkeypatch.setenv("PATH", f".:{project}/bin:/usr/bin")
-    assert tools.child_environment(str(project), "/tmp")["PATH"] == "/usr/bin"
+    assert trust.child_environment(str(project), "/tmp")["PATH"] == "/usr/bin"
 
 
 @pytest.mark.parametrize("name, secret", [

@@ -91,18 +91,16 @@ def test_bubblewrap_runs_here_when_required():
     assert result.returncode == 0, result.stderr
 
 
-def test_sandbox_banner_names_the_mode(monkeypatch, tmp_path):
-    monkeypatch.setattr(trust, "find_bubblewrap", lambda root: None)
-    assert trust.sandbox_banner(str(tmp_path)).startswith("unsandboxed")
-    monkeypatch.setattr(trust, "find_bubblewrap", lambda root: "/usr/bin/bwrap")
-    assert trust.sandbox_banner(str(tmp_path)).startswith("sandboxed by bubblewrap")
+def test_sandbox_banner_names_the_mode():
+    assert trust.sandbox_banner(None).startswith("unsandboxed")
+    assert trust.sandbox_banner("/usr/bin/bwrap").startswith("sandboxed by bubblewrap")
 
 
-def test_find_bubblewrap_ignores_a_bwrap_inside_the_root(monkeypatch, tmp_path):
+def test_find_program_ignores_a_program_inside_the_root(monkeypatch, tmp_path):
     fake = tmp_path / "bin" / "bwrap"
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(fake.parent))
-    assert trust.find_bubblewrap(str(tmp_path)) is None
-    assert trust.find_bubblewrap(str(tmp_path / "elsewhere")) == str(fake)
+    assert trust.find_program("bwrap", str(tmp_path)) is None
+    assert trust.find_program("bwrap", str(tmp_path / "elsewhere")) == str(fake)

@@ -1,19 +1,22 @@
-"""The agent as an object: one run of the loop, kept in its journal, driven one call at a time."""
+"""The agent as an object: the one driver of a run, kept in its journal, driven one call at a time."""
 import contextlib
 import os
 import secrets
 import time
 from dataclasses import dataclass
 
-from .journal import State, append_event, fold, read_events, sync_journal, waiting_step
-from .loop import DEFAULT_BUDGET, observation, resolve, step
+from . import loop
+from .journal import (DEFAULT_BUDGET, State, append_event, apply, cut_torn_line, fold,
+                      read_events, snapshot, sync_journal, waiting_step)
 from .models import model_from_spec
-from .policy import DEFAULT_POLICY
-from .prompt import build_context
+from .policy import DEFAULT_POLICY, whole_policy
+from .prompt import Rendered, build_context
 from .show import as_html, as_markdown, as_text, report_views
+from .tools.project import open_project
+from .trust import inside
 
 PYTHON_WORDS = {"step": "step()", "decide": "approve() or deny(reason)",
-                "start": "Agent.start(task, root, model)"}
+                "start": "Agent.start(task, root, model)", "resume": "resume()"}
 
 
 class AgentError(Exception):
@@ -33,107 +36,142 @@ def new_run_id():
     """An id such as 20250130-142501-3fa2: the start time, then four random hex digits."""
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
+def runs_directory():
+    """Where journals are kept unless a run names its own: $XDG_STATE_HOME/mlplcode/runs."""
+    state = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(state):
+        state = os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "mlplcode", "runs")
+
+def journal_path(journal, root, run):
+    """The absolute path for a new run's journal; refuses one that exists or lies in ROOT."""
+    path = os.path.abspath(journal or os.path.join(runs_directory(), f"{run}.jsonl"))
+    if os.path.lexists(path):
+        raise ValueError(f"{path} already exists; a journal holds one run")
+    if inside(os.path.realpath(path), os.path.realpath(root)):
+        raise ValueError(f"{path} is inside the project; a journal must lie where the run cannot"
+                         " change it (leave it out to use the default place)")
+    return path
+
 class Agent:
     """One run of the loop, kept in its journal, driven one call at a time."""
 
     @classmethod
-    def start(cls, task, root, model, journal=None, budget=DEFAULT_BUDGET, policy=DEFAULT_POLICY):
+    def start(cls, task, root, model, journal=None, budget=DEFAULT_BUDGET, policy=DEFAULT_POLICY,
+              api_key_env=None, on_event=None):
         """Start a new run and return its Agent; refuses, before anything is written, a root
-        that is not a directory, a journal that already exists and a model spec that names no model."""
+        that is not a directory, a journal that exists or lies in the root, and a model spec
+        that names no model."""
         if not os.path.isdir(root):
             raise ValueError(f"{root}: not a directory")
         run = new_run_id()
-        journal = journal or f"mlplcode-{run}.jsonl"
-        if os.path.exists(journal):
-            raise ValueError(f"{journal} already exists; a journal holds one run")
-        model_from_spec(model)
+        journal = journal_path(journal, root, run)
+        options = {"api_key_env": api_key_env} if api_key_env else {}
+        model_from_spec(model, **options)
+        os.makedirs(os.path.dirname(journal), exist_ok=True)
         append_event(journal, {"type": "start", "task": task, "budget": budget, "policy": policy,
-                               "model": model, "root": os.path.realpath(root), "run": run})
-        return cls(journal)
+                               "model": model, "model_options": options,
+                               "root": os.path.realpath(root), "run": run})
+        return cls(journal, on_event)
 
-    def __init__(self, journal):
+    def __init__(self, journal, on_event=None):
         """The run recorded in JOURNAL, taken up where it stopped."""
-        self.journal = os.path.abspath(journal)
+        self.journal, self.on_event = os.path.abspath(journal), on_event
+        cut_torn_line(self.journal)
         self.load()
 
     def load(self):
-        """Become what the journal says: its events, its root, and a model past the replies used."""
-        self.events, self.folded = read_events(self.journal), (None, None)
-        start = self.events[0] if self.events else {}
-        if start.get("type") != "start" or "root" not in start or "run" not in start:
-            raise ValueError(f"{self.journal}: not a run an Agent started (no start event with root and run)")
+        """Become what the journal says: its events and their state, and, if the run can go on,
+        its project and a model past the replies used."""
+        self.events = read_events(self.journal)
+        self.state = fold(self.events)
+        start = self.state.start
+        whole_policy(start["policy"], self.journal)
         self.run_id, self.root, self.model_spec = start["run"], start["root"], start["model"]
-        used = sum(1 for event in self.events if event["type"] == "reply")
-        self.model = model_from_spec(self.model_spec, used=used)
+        self.rendered, self.project, self.model = Rendered(), None, None
+        if self.state.stop is None or self.state.stop["reason"] == "interrupted":
+            if not os.path.isdir(self.root):
+                raise ValueError(f"{self.journal}: the run's project {self.root} is gone")
+            self.project = open_project(self.root)
+            self.model = model_from_spec(self.model_spec, used=len(self.state.steps),
+                                         **start["model_options"])
 
     def record(self, event):
-        """Append EVENT to the journal, flushed, then to the list that mirrors it."""
-        append_event(self.journal, event, sync=False)
+        """Append EVENT to the journal, flushed, then apply it to the state and tell the watcher."""
+        append_event(self.journal, event)
         self.events.append(event)
-
-    @property
-    def state(self):
-        """The run as its events describe it, folded again only when an event has been recorded."""
-        if self.folded[0] != len(self.events):
-            self.folded = (len(self.events), fold(self.events))
-        return self.folded[1]
+        apply(self.state, event)
+        if self.on_event:
+            self.on_event(event, self.state)
 
     def prompt(self):
         """The messages the model will be sent at the next step."""
-        return build_context(self.state)
+        return build_context(self.state, self.rendered)
 
     def check_can_step(self):
-        """The state, if a step may be taken: refuses after the stop, or while an ask waits."""
+        """Refuse a step after the stop, while an ask waits, or after a step was cut short."""
         state = self.state
+        if state.stop and state.stop["reason"] == "interrupted":
+            raise AgentError("the run was interrupted", "resume")
         if state.stop:
             raise AgentError(f"the run has stopped ({state.stop['reason']})", "start")
         waiting = waiting_step(state)
         if waiting:
             raise AgentError(f"step {waiting.number} is waiting for a decision", "decide")
-        return state
+        if state.steps and state.steps[-1].observation is None:
+            raise AgentError(f"step {state.steps[-1].number} was cut short", "resume")
 
     def step(self, count=1):
         """Take up to COUNT steps, stopping early at an ask or at the end of the run."""
-        return self.advance(count, self.check_can_step())
+        self.check_can_step()
+        return self.advance(count)
 
     def run(self):
         """Take steps until an ask waits or the run stops."""
-        return self.advance(None, self.check_can_step())
+        self.check_can_step()
+        return self.advance(None)
 
-    def advance(self, count, state):
-        """From STATE, take COUNT steps (any number for None), stopping when an ask waits or the run stops."""
-        first, taken = len(state.steps) + 1, 0
+    def advance(self, count):
+        """Take COUNT steps (any number for None), stopping when an ask waits or the run stops."""
+        state, first, taken = self.state, len(self.state.steps) + 1, 0
         with self.interruptible():
             while (count is None or taken < count) and not (state.stop or waiting_step(state)):
-                step(self.events, self.model, self.root, None, self.record)
-                state, taken = self.state, taken + 1
-        return Report(self.run_id, state, tuple(range(first, len(state.steps) + 1)))
+                self.project = loop.step(state, self.model, self.project, self.record, self.rendered)
+                taken += 1
+        return self.report(range(first, len(state.steps) + 1))
+
+    def drive(self, decider):
+        """Run to the stop, answering each ask with DECIDER(action) -> (approved, reason)."""
+        self.run()
+        while not self.state.stop:
+            approved, reason = decider(self.waiting().action)
+            self.decide(approved, reason)
+            if not self.state.stop:
+                self.run()
+        return self.report([])
 
     def waiting(self):
         """The step that waits for a decision; refuses when none does."""
-        state = self.state
-        waiting = waiting_step(state)
+        waiting = waiting_step(self.state)
         if waiting is None:
-            raise AgentError("nothing is waiting for a decision", "start" if state.stop else "step")
+            raise AgentError("nothing is waiting for a decision", "start" if self.state.stop else "step")
         return waiting
 
     def approve(self):
         """Approve the action that waits, and carry it out."""
-        return self.decide(True)
+        return self.decide(True, "")
 
-    def decide(self, approved):
-        """Record the decision on the step that waits and carry it out (or decline it)."""
+    def decide(self, approved, reason):
+        """Record the decision on the step that waits and do what it means (chapter "The loop")."""
         number = self.waiting().number
         with self.interruptible():
-            resolve(self.events, approved, self.root, self.record)
+            self.project = loop.decide(self.state, approved, reason, self.project, self.record)
         return self.report([number])
 
     def deny(self, reason=""):
-        """Decline the action that waits; a REASON is recorded first, as a note the model will read."""
-        self.waiting()
-        if reason:
-            self.record({"type": "note", "text": reason})
-        return self.decide(False)
+        """Decline the action that waits; with a REASON the model reads it and goes on, without one
+        the run ends as denied."""
+        return self.decide(False, reason.strip())
 
     def note(self, text):
         """Record a note from the human; the model sees it in its next prompt."""
@@ -142,29 +180,43 @@ class Agent:
         with self.interruptible():
             self.record({"type": "note", "text": text})
 
+    def resume(self):
+        """Take up a run that was interrupted or cut short; refuses one that has finished."""
+        stopped = self.state.stop
+        if stopped and stopped["reason"] != "interrupted":
+            raise AgentError(f"the run has stopped ({stopped['reason']}) and cannot be taken up again", "start")
+        with self.interruptible():
+            if stopped:
+                self.record({"type": "resume"})
+            self.close_cut_step()
+        return self.report([])
+
     @contextlib.contextmanager
     def interruptible(self):
-        """Sync the journal when the work ends; on an interrupt, first reload, close the step cut short."""
+        """Sync the journal when the work ends; on an interrupt, first reload, close the step cut
+        short and stop the run as interrupted."""
         try:
             yield
         except KeyboardInterrupt:
             self.load()
             self.close_cut_step()
+            if not self.state.stop:
+                self.record(loop.stop("interrupted", f"the human stopped the run after step {len(self.state.steps)}"))
             raise
         finally:
             sync_journal(self.journal)
 
     def close_cut_step(self):
-        """Give the last step an observation if an interrupt left it without one."""
+        """Give the last step an observation if an interrupt or a crash left it without one."""
         state = self.state
         last = state.steps[-1] if state.steps else None
         if last and last.observation is None and state.stop is None and not waiting_step(state):
-            self.record(observation(last.number, False,
-                                    "INTERRUPTED: the human stopped this step before it finished"))
+            self.record(loop.observation(last.number, False,
+                                         "INTERRUPTED: the human stopped this step before it finished"))
 
     def report(self, numbers):
         """A Report of the steps NUMBERS, in the state as it is now."""
-        return Report(self.run_id, self.state, tuple(numbers))
+        return Report(self.run_id, snapshot(self.state), tuple(numbers))
 
 @dataclass(frozen=True)
 class Report:

@@ -1,4 +1,4 @@
-"""The mlplcode command line: run, replay, demo, kernel install and export."""
+"""The mlplcode command line: run, replay, resume, demo, kernel install and export."""
 import argparse
 import json
 import os
@@ -7,25 +7,16 @@ import sys
 import tempfile
 
 from .export import DEFAULT_DIRECTORY, command_export
-from .journal import append_event, read_events
-from .loop import DEFAULT_BUDGET, headline, run
-from .models import ModelError, model_from_spec
-from .policy import DEFAULT_POLICY, always, load_policy, terminal_decider
-from .trust import sandbox_banner, visible
+from .journal import DEFAULT_BUDGET
+from .models import ModelError
+from .trust import visible
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
 
-def recorder(events, journal):
-    """A RECORD function: append the event to EVENTS and, if given, to the JOURNAL file."""
-    def record(event):
-        events.append(event)
-        if journal:
-            append_event(journal, event)
-    return record
-
 def step_line(step):
     """One line per step: number, action, verdict, and the observation's first line."""
-    action = "(reply not parsed)" if "error" in step.action else headline(step.action)
+    from .protocol import headline
+    action = headline(step.action) if "tool" in step.action else "(reply not parsed)"
     verdict = step.verdict
     if step.approved is not None:
         verdict += ", approved" if step.approved else ", declined"
@@ -33,54 +24,81 @@ def step_line(step):
     summary = text.split("\n", 1)[0][:70]
     return visible(f"step {step.number:>2}  {action[:40]:<40}  {verdict:<15}  {summary}")
 
-def drive(start, model, root, decide, journal=None):
-    """Run the loop from a START event, printing each step; return the events."""
-    events = []
-    record = recorder(events, journal)
-    record(start)
-    print(visible(f"task: {start['task']}"))
-    print(f"RUN: {sandbox_banner(root)}")
-    reason = run(events, model, root, decide, record,
-                 on_step=lambda state: state.steps and print(step_line(state.steps[-1]), flush=True))
-    print(visible(f"{reason}: {events[-1]['message']}"))
-    print(f"stop: {reason}")
-    return events
+def print_event(event, state):
+    """Print a step when its observation is recorded, and the stop when the run stops."""
+    last = state.steps[-1] if state.steps else None
+    if event["type"] == "observation":
+        print(step_line(last), flush=True)
+    elif event["type"] == "stop":
+        if last and last.observation is None:
+            print(step_line(last))
+        print(visible(f"{event['reason']}: {event['message']}"))
+        print(f"stop: {event['reason']}", flush=True)
+
+def drive(agent, decider):
+    """Run AGENT to its stop, printing as it goes; return the exit status."""
+    from .trust import sandbox_banner
+    print(visible(f"task: {agent.state.task}"))
+    print(f"RUN: {sandbox_banner(agent.project.programs['bwrap'])}")
+    print(f"journal: {agent.journal}", flush=True)
+    try:
+        agent.drive(decider)
+    except KeyboardInterrupt:
+        return 130
+    return 0 if agent.state.stop["reason"] == "done" else 1
 
 def command_run(args):
-    root = existing_directory(args.root)
-    if args.journal and os.path.exists(args.journal):
-        raise ValueError(f"{args.journal} already exists; a journal holds one run")
+    from .agent import Agent
+    from .policy import DEFAULT_POLICY, load_policy
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
-    model = model_from_spec(args.model, args.api_key_env)
+    agent = Agent.start(args.task, existing_directory(args.root), args.model, journal=args.journal,
+                        budget=args.budget, policy=policy, api_key_env=args.api_key_env,
+                        on_event=print_event)
+    return drive(agent, decider(args))
+
+def decider(args):
+    """Who answers an ask: --yes, --no, the person at the terminal, or no one (a no)."""
+    from .policy import always, terminal_decider
     if args.yes or args.no:
-        decide = always(args.yes)
-    else:
-        decide = terminal_decider() if sys.stdin.isatty() else always(False)
-    start = {"type": "start", "task": args.task, "budget": args.budget,
-             "policy": policy, "model": args.model}
-    events = drive(start, model, root, decide, args.journal)
-    return 0 if events[-1]["reason"] == "done" else 1
+        return always(args.yes)
+    return terminal_decider() if sys.stdin.isatty() else always(False)
 
 def replayed_decisions(events):
-    """A decider that gives the recorded answers to asks, in order; then no."""
-    answers = iter([e["approved"] for e in events if e["type"] == "decision"])
-    return lambda action: next(answers, False)
+    """A decider that gives the recorded answers to asks, in order, reasons and all; then no."""
+    answers = iter([(event["approved"], event.get("reason", ""))
+                    for event in events if event["type"] == "decision"])
+    return lambda action: next(answers, (False, ""))
 
 def replay(journal, root, output=None):
-    """Drive the real loop with a journal's replies and decisions; return (old, new) events."""
+    """Drive a new run with a journal's replies and decisions; return (status, old events, new events)."""
+    from .agent import Agent
+    from .journal import read_events
     recorded = read_events(journal)
-    if not recorded or recorded[0]["type"] != "start":
-        raise ValueError(f"{journal}: not a journal (no start event)")
-    model = model_from_spec("replay:" + journal)
-    events = drive(recorded[0], model, root, replayed_decisions(recorded), output)
-    return recorded, events
+    start = recorded[0]
+    agent = Agent.start(start["task"], root, "replay:" + os.path.abspath(journal), journal=output,
+                        budget=start["budget"], policy=start["policy"], on_event=print_event)
+    status = drive(agent, replayed_decisions(recorded))
+    return status, recorded, agent.events
 
 def command_replay(args):
-    recorded, events = replay(args.journal, existing_directory(args.root), args.output)
-    same = recorded == events
+    status, recorded, events = replay(args.journal, existing_directory(args.root), args.output)
+    same = recorded[1:] == events[1:]
     print("replay: the events are the same as the journal's" if same
           else "replay: the events differ from the journal's")
-    return 0 if same and events[-1]["reason"] == "done" else 1
+    return status if same else 1
+
+CLI_WORDS = {"start": "mlplcode run", "step": "mlplcode resume", "decide": "mlplcode resume",
+             "resume": "mlplcode resume"}
+
+
+def command_resume(args):
+    from .agent import Agent, AgentError
+    agent = Agent(args.journal, on_event=print_event)
+    try:
+        agent.resume()
+    except AgentError as error:
+        raise ValueError(error.said(CLI_WORDS)) from None
+    return drive(agent, decider(args))
 
 def command_demo(args):
     project, journal = os.path.join(EXAMPLES, "add"), os.path.join(EXAMPLES, "add.journal.jsonl")
@@ -89,8 +107,8 @@ def command_demo(args):
     with tempfile.TemporaryDirectory(prefix="mlplcode-demo-") as scratch:
         root = shutil.copytree(project, os.path.join(scratch, "add"))
         print(f"demo: replaying {os.path.relpath(journal)} on a fresh copy of examples/add")
-        _, events = replay(journal, root)
-    return 0 if events[-1]["reason"] == "done" else 1
+        status, _, _ = replay(journal, root, os.path.join(scratch, "demo.jsonl"))
+    return status
 
 def kernelspec():
     """The kernel.json that starts the mlplcode kernel with this very Python."""
@@ -129,14 +147,14 @@ def build_parser():
     run_parser.add_argument("--root", required=True, metavar="DIR", help="the project directory")
     run_parser.add_argument("--model", required=True, metavar="SPEC",
                             help="scripted:FILE.json, replay:JOURNAL, echo, openai:MODEL@URL or ollama:MODEL")
-    run_parser.add_argument("--journal", metavar="FILE", help="write the run's events to FILE (JSON Lines)")
+    run_parser.add_argument("--journal", metavar="FILE",
+                            help="write the run's events to FILE, outside the root (default: a new file"
+                            " in $XDG_STATE_HOME/mlplcode/runs)")
     run_parser.add_argument("--budget", type=positive, default=DEFAULT_BUDGET, metavar="N",
                             help=f"at most N model turns (default {DEFAULT_BUDGET})")
     run_parser.add_argument("--policy", metavar="FILE", help="a JSON policy, e.g. {\"write\": \"allow\"}")
     run_parser.add_argument("--api-key-env", metavar="VAR", help="read the API key from environment variable VAR")
-    answers = run_parser.add_mutually_exclusive_group()
-    answers.add_argument("--yes", action="store_true", help="approve every ask")
-    answers.add_argument("--no", action="store_true", help="decline every ask (the default without a terminal)")
+    add_answers(run_parser)
     run_parser.set_defaults(handler=command_run)
     replay_parser = commands.add_parser("replay", help="drive the loop again with a journal's replies",
                                         description="Replay JOURNAL's model replies and decisions through the real loop.")
@@ -144,6 +162,11 @@ def build_parser():
     replay_parser.add_argument("--root", required=True, metavar="DIR", help="the project directory")
     replay_parser.add_argument("--output", metavar="FILE", help="write the replay's events to FILE")
     replay_parser.set_defaults(handler=command_replay)
+    resume_parser = commands.add_parser("resume", help="take up an interrupted run where it stopped",
+                                        description="Take up the run recorded in JOURNAL where it stopped.")
+    resume_parser.add_argument("journal", metavar="JOURNAL")
+    add_answers(resume_parser)
+    resume_parser.set_defaults(handler=command_resume)
     demo_parser = commands.add_parser("demo", help="replay the example run on a fresh copy of examples/add",
                                       description="Replay the committed example run on a fresh copy of examples/add.")
     demo_parser.set_defaults(handler=command_demo)
@@ -164,6 +187,13 @@ def build_parser():
                                help="the directory to write into (default: export/build in the checkout)")
     export_parser.set_defaults(handler=command_export)
     return parser
+
+def add_answers(parser):
+    """--yes and --no, for the subcommands that decide asks."""
+    answers = parser.add_mutually_exclusive_group()
+    answers.add_argument("--yes", action="store_true", help="approve every ask")
+    answers.add_argument("--no", action="store_true",
+                         help="decline every ask, which ends the run (the default without a terminal)")
 
 def positive(text):
     if not text.isdigit() or int(text) < 1:

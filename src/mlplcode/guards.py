@@ -1,8 +1,6 @@
 """Guards: what the loop refuses before any policy is consulted."""
 import os
 
-from .journal import known_paths
-
 def repeats(state, reply):
     """How many replies in a row, ending with REPLY, are identical."""
     count = 1
@@ -12,26 +10,22 @@ def repeats(state, reply):
         count += 1
     return count
 
-def guard(state, reply, action, root):
+def guard(state, reply, action, project):
     """Refuse ACTION before authorization: ("stuck" | "refused", why), or (None, "").
 
     The third identical reply in a row stops the run as stuck (the second is
-    only flagged, see `repeat_note`). Writing or patching an existing file
+    only flagged, see `repeated`). Writing or patching an existing file
     the run has not read is refused: the model would change what it has not seen.
     """
     if repeats(state, reply) >= 3:
         return "stuck", "the same reply three times in a row"
-    if action.get("tool") in ("write", "patch") and action["path"] not in known_paths(state):
-        if os.path.lexists(os.path.join(root, action["path"])):
+    if action.get("tool") in ("write", "patch"):
+        path = os.path.normpath(action["path"])
+        if path not in state.seen and os.path.lexists(os.path.join(project.root, path)):
             return "refused", f"REFUSED: read it first: READ {action['path']} before you change it"
     return None, ""
 
-REPEAT_NOTE = "NOTE: this reply is identical to your previous one.\n"
-
-
-def repeat_note(state):
-    """A note for the model when its last reply repeats the one before."""
+def repeated(state):
+    """Whether the last reply of STATE repeats the one before."""
     steps = state.steps
-    if len(steps) >= 2 and steps[-1].reply == steps[-2].reply:
-        return REPEAT_NOTE
-    return ""
+    return len(steps) >= 2 and steps[-1].reply == steps[-2].reply

@@ -1,20 +1,20 @@
 """The journal: every fact of a run as one JSON line, and the state as their fold."""
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-def append_event(path, event, sync=True):
-    """Append EVENT to the journal at PATH, flushed, and with SYNC on the disk, before returning.
+DEFAULT_BUDGET = 20
 
-    One event per line, written whole with one write call: a crash loses at
-    most the event being written, never one already reported.
+def append_event(path, event):
+    """Append EVENT to the journal at PATH as one line, written whole and flushed.
+
+    One write call per event: a crash loses at most the event being written,
+    never one already reported.
     """
     line = json.dumps(event, ensure_ascii=False, sort_keys=True) + "\n"
     with open(path, "a", encoding="utf-8") as journal:
         journal.write(line)
         journal.flush()
-        if sync:
-            os.fsync(journal.fileno())
 
 def sync_journal(path):
     """Put every event appended to the journal at PATH on the disk."""
@@ -24,24 +24,65 @@ def sync_journal(path):
     finally:
         os.close(descriptor)
 
-def read_events(path):
-    """The events of the journal at PATH, in order.
+EVENT_FIELDS = {
+    "start": {"task": str, "budget": int, "policy": dict, "model": str, "model_options": dict,
+              "root": str, "run": str},
+    "note": {"text": str},
+    "reply": {"step": int, "text": str},
+    "action": {"step": int, "action": dict},
+    "verdict": {"step": int, "verdict": str, "reason": str},
+    "decision": {"step": int, "approved": bool},
+    "observation": {"step": int, "ok": bool, "text": str},
+    "stop": {"reason": str, "message": str},
+    "resume": {},
+}
 
-    A torn last line (a crash in the middle of a write) is dropped; any other
-    line that is not a JSON event is an error that names the line.
+def event_problem(event, index, steps):
+    """What is wrong with EVENT, the INDEX-th of a journal that has seen STEPS replies, or ""."""
+    if not isinstance(event, dict) or event.get("type") not in EVENT_FIELDS:
+        return "not an event"
+    kind = event["type"]
+    for name, expected in EVENT_FIELDS[kind].items():
+        if type(event.get(name)) is not expected:
+            return f"a {kind} event needs {name} ({expected.__name__})"
+    if (kind == "start") != (index == 0):
+        return "a journal has one start event, on its first line"
+    if kind == "reply" and event["step"] != steps + 1:
+        return f"step {event['step']} follows step {steps}"
+    if kind in ("action", "verdict", "decision", "observation") and event["step"] != steps:
+        return f"a {kind} of step {event['step']} after the reply of step {steps}"
+    return ""
+
+def read_events(path):
+    """The events of the journal at PATH, in order, each checked; a ValueError names a bad line.
+
+    A torn last line (a crash in the middle of a write) is dropped.
     """
     with open(path, encoding="utf-8") as journal:
         lines = journal.read().split("\n")
-    events = []
+    events, steps = [], 0
     for number, line in enumerate(lines[:-1], 1):
         try:
             event = json.loads(line)
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}: line {number}: not JSON ({error.msg})") from None
-        if not isinstance(event, dict) or "type" not in event:
-            raise ValueError(f"{path}: line {number}: not an event")
+        except RecursionError:
+            raise ValueError(f"{path}: line {number}: nested too deeply to be an event") from None
+        problem = event_problem(event, len(events), steps)
+        if problem:
+            raise ValueError(f"{path}: line {number}: {problem}")
+        steps += event["type"] == "reply"
         events.append(event)
+    if not events:
+        raise ValueError(f"{path}: empty; a journal starts with a start event")
     return events
+
+def cut_torn_line(path):
+    """Truncate the journal at PATH after its last newline, dropping a torn last line."""
+    with open(path, "rb+") as journal:
+        data = journal.read()
+        if data and not data.endswith(b"\n"):
+            journal.truncate(data.rfind(b"\n") + 1)
 
 @dataclass
 class Step:
@@ -57,46 +98,58 @@ class Step:
 
 @dataclass
 class State:
-    """A run as its events describe it; made only by `fold`."""
+    """A run as its events describe it; made only by applying events."""
+    start: dict = field(default_factory=dict)
     task: str = ""
     budget: int = 0
     policy: dict = field(default_factory=dict)
     steps: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    seen: set = field(default_factory=set)
     stop: dict | None = None
 
-def fold(events):
-    """Replay EVENTS into a State: the only way a run's state is ever made."""
-    state = State()
-    for event in events:
-        kind = event["type"]
-        if kind == "start":
-            state.task, state.budget, state.policy = event["task"], event["budget"], event["policy"]
-        elif kind == "note":
-            state.notes.append((len(state.steps), event["text"]))
-        elif kind == "reply":
-            state.steps.append(Step(event["step"], reply=event["text"]))
-        elif kind == "action":
-            state.steps[-1].action = event["action"]
-        elif kind == "verdict":
-            state.steps[-1].verdict, state.steps[-1].reason = event["verdict"], event["reason"]
-            state.steps[-1].target = event.get("target")
-        elif kind == "decision":
-            state.steps[-1].approved = event["approved"]
-        elif kind == "observation":
-            state.steps[-1].observation = observed = dict(event)
-            del observed["type"], observed["step"]
-        elif kind == "stop":
-            state.stop = {"reason": event["reason"], "message": event["message"]}
+def apply(state, event):
+    """Change STATE by one EVENT, and return it: the meaning of every event, in one place."""
+    kind, last = event["type"], state.steps[-1] if state.steps else None
+    if kind == "start":
+        state.start = event
+        state.task, state.budget, state.policy = event["task"], event["budget"], event["policy"]
+    elif kind == "note":
+        state.notes.append((len(state.steps), event["text"]))
+    elif kind == "reply":
+        state.steps.append(Step(event["step"], reply=event["text"]))
+    elif kind == "action":
+        last.action = event["action"]
+    elif kind == "verdict":
+        last.verdict, last.reason, last.target = event["verdict"], event["reason"], event.get("target")
+    elif kind == "decision":
+        last.approved = event["approved"]
+        if event.get("reason"):
+            state.notes.append((len(state.steps), event["reason"]))
+    elif kind == "observation":
+        last.observation = {name: value for name, value in event.items() if name not in ("type", "step")}
+        if event["ok"] and last.action.get("tool") in ("read", "write"):
+            state.seen.add(os.path.normpath(last.action["path"]))
+    elif kind == "stop":
+        state.stop = {"reason": event["reason"], "message": event["message"]}
+    elif kind == "resume":
+        state.stop = None
     return state
 
-def known_paths(state):
-    """Paths this run has read, or written whole: the files whose content the model has seen."""
-    return {
-        step.action["path"] for step in state.steps
-        if step.action.get("tool") in ("read", "write")
-        and step.observation and step.observation["ok"]
-    }
+def fold(events):
+    """The state that EVENTS describe: each applied in turn to an empty state."""
+    state = State()
+    for event in events:
+        apply(state, event)
+    return state
+
+def snapshot(state):
+    """A copy of STATE that later events leave as it is."""
+    steps = list(state.steps)
+    if steps:
+        steps[-1] = replace(steps[-1])
+    return replace(state, steps=steps, notes=list(state.notes), seen=set(state.seen),
+                   stop=state.stop and dict(state.stop))
 
 def waiting_step(state):
     """The step whose ask waits for a person's decision, or None."""

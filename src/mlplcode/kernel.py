@@ -11,8 +11,7 @@ from ipykernel.kernelbase import Kernel
 
 from . import __version__
 from .agent import Agent, AgentError
-from .journal import read_events, waiting_step
-from .loop import DEFAULT_BUDGET
+from .journal import DEFAULT_BUDGET, read_events, waiting_step
 from .models import ModelError, model_from_spec
 from .policy import DEFAULT_POLICY, merge_policy
 from .show import as_text, bundle, note_view, policy_view, prompt_view, state_view
@@ -27,14 +26,17 @@ COMMANDS = {
     "step": ("[N]", "take up to N steps (default 1), stopping early at an ask or at the end of the run"),
     "run": ("", "take steps until an ask or the end of the run"),
     "approve": ("", "carry out the action that waits for a decision"),
-    "deny": ("[REASON]", "decline the action that waits; REASON reaches the model as a note"),
+    "deny": ("[REASON]", "decline the action that waits: with a REASON the model reads it and the run"
+             " goes on; without one the run ends (denied)"),
     "show": ("state|prompt|transcript|policy|journal", "show how the run stands, or part of it"),
     "save": ("FILE.ipynb|FILE.org|FILE.md", "write the run's transcript, rendered from its journal"),
-    "resume": ("JOURNAL", "take up the run recorded in JOURNAL where it stopped"),
+    "resume": ("[JOURNAL]", "take up the run recorded in JOURNAL where it stopped; without JOURNAL,"
+               " take up this run again after an interrupt"),
     "help": ("[COMMAND]", "list the commands, or explain one"),
 }
 SHOW_TOPICS = ("state", "prompt", "transcript", "policy", "journal")
-KERNEL_WORDS = {"step": "%step", "decide": "%approve or %deny [reason]", "start": "%task TEXT"}
+KERNEL_WORDS = {"step": "%step", "decide": "%approve or %deny [reason]", "start": "%task TEXT",
+                "resume": "%resume"}
 
 class UsageError(Exception):
     """A cell the kernel cannot carry out as written; the message says how to write it."""
@@ -109,8 +111,8 @@ class MlplcodeKernel(Kernel):
             for name, argument in parse_cell(code):
                 getattr(self, "command_" + name)(argument)
         except KeyboardInterrupt:
-            return self.fail("KeyboardInterrupt", "interrupted; the journal keeps the run as far as it got"
-                             " (%show state says where it stands)")
+            return self.fail("KeyboardInterrupt", "interrupted; the run stopped as interrupted, and the"
+                             " journal keeps it as far as it got: %resume takes it up again")
         except AgentError as error:
             return self.fail("AgentError", error.said(KERNEL_WORDS))
         except (UsageError, ValueError, OSError, ModelError) as error:
@@ -194,7 +196,7 @@ class MlplcodeKernel(Kernel):
 
     def state_view(self):
         agent = self.current()
-        return state_view(agent.events[0], agent.state, agent.journal)
+        return state_view(agent.state.start, agent.state, agent.journal)
 
     def command_step(self, argument):
         self.show_report(self.current().step(positive(argument, "%step N") if argument else 1))
@@ -219,7 +221,10 @@ class MlplcodeKernel(Kernel):
             raise UsageError(f"%{name} takes no argument")
 
     def command_resume(self, argument):
-        self.agent = Agent(argument)
+        if argument:
+            self.agent = Agent(argument)
+        if self.current().state.stop is None or self.agent.state.stop["reason"] == "interrupted":
+            self.agent.resume()
         self.show(self.state_view(), "state")
         waiting = waiting_step(self.agent.state)
         if waiting:
@@ -240,7 +245,7 @@ class MlplcodeKernel(Kernel):
         return prompt_view(self.current().prompt())
 
     def view_transcript(self):
-        return transcript_view(read_events(self.current().journal))
+        return transcript_view(self.current().events)
 
     def view_policy(self):
         return policy_view(self.agent.state.policy if self.agent else self.settings["policy"])

@@ -1,11 +1,13 @@
 """The loop: one step per model turn, every fact recorded as an event."""
-from .guards import guard, repeat_note
-from .journal import fold, waiting_step
+from .commands import command_refusal
+from .guards import guard, repeated
+from .journal import waiting_step
 from .models import ModelError
 from .policy import authorize, category
 from .prompt import build_context
-from .protocol import format_action, parse_action
-from .tools import check_action, command_refusal, execute, fingerprint
+from .protocol import headline, parse_action
+from .tools.project import after_action, current
+from .verbs import check_action, execute, fingerprint
 from .verify import verify_done
 
 def stop(reason, message):
@@ -14,46 +16,43 @@ def stop(reason, message):
 def observation(number, ok, text, **details):
     return {"type": "observation", "step": number, "ok": ok, "text": text, **details}
 
-def step(events, model, root, decide, record):
-    """Take one turn: ask, parse, guard, authorize, decide, execute, each recorded.
+def step(state, model, project, record, rendered=None):
+    """Take one turn: ask, parse, guard, authorize, execute, each recorded; an ask is left waiting.
 
-    RECORD appends an event (to EVENTS and the journal). DECIDE answers an
-    ask: True to approve, False to decline. Without DECIDE an ask is left
-    waiting, for `resolve` to finish when a person has answered.
+    RECORD appends an event to the journal and applies it to STATE. Returns
+    the project as the step left it.
     """
-    state = fold(events)
+    project = current(project)
     if len(state.steps) >= state.budget:
-        return record(stop("budget", f"all {state.budget} steps used"))
+        record(stop("budget", f"all {state.budget} steps used"))
+        return project
     try:
-        reply = model(build_context(state))
+        reply = model(build_context(state, rendered))
     except ModelError as error:
-        return record(stop("error", str(error)))
-    number = len(state.steps) + 1
-    action = parse_action(reply)
+        record(stop("error", str(error)))
+        return project
+    number, action = len(state.steps) + 1, parse_action(reply)
+    verdict, reason = judge(state, reply, action, project)
+    target = fingerprint(action, project) if verdict == "ask" else None
     record({"type": "reply", "step": number, "text": reply})
     record({"type": "action", "step": number, "action": action})
-    verdict, reason = judge(state, reply, action, root)
     event = {"type": "verdict", "step": number, "verdict": verdict, "reason": reason}
-    record({**event, "target": fingerprint(action, root)} if verdict == "ask" else event)
-    if verdict == "stuck":
-        return record(stop("stuck", f"step {number}: {reason}"))
-    if verdict == "deny":
-        return record(stop("denied", f"step {number}: {reason}"))
-    if verdict == "ask" and decide is None:
-        return None
-    if verdict == "ask":
-        record({"type": "decision", "step": number, "approved": decide(action)})
-    carry_out(events, root, record)
+    record({**event, "target": target} if target is not None else event)
+    if verdict in ("stuck", "deny"):
+        record(stop("stuck" if verdict == "stuck" else "denied", f"step {number}: {reason}"))
+    elif verdict != "ask":
+        project = carry_out(state, project, record)
+    return project
 
-def judge(state, reply, action, root):
+def judge(state, reply, action, project):
     """The verdict on ACTION and why: a stuck run, a parse error, the tools' own refusal
     of its paths, the read-first guard, then the policy."""
-    refusal, reason = guard(state, reply, action, root)
+    refusal, reason = guard(state, reply, action, project)
     if refusal == "stuck":
         return refusal, reason
     if "error" in action:
         return "refused", f"PARSE ERROR: {action['error']}"
-    path_refusal = check_action(action, root)
+    path_refusal = check_action(action, project)
     if path_refusal:
         return "refused", path_refusal
     if refusal:
@@ -62,44 +61,40 @@ def judge(state, reply, action, root):
     why = f" ({command_refusal(action['command'])})" if kind == "shell" else ""
     return verdict, f"{headline(action)} is {kind}: {verdict}{why}"
 
-def headline(action):
-    """The first line of ACTION in protocol text, for messages."""
-    return format_action(action).split("\n", 1)[0]
-
-def carry_out(events, root, record):
-    """Execute the last step's action, now that it is allowed or decided, and record what happened."""
-    state = fold(events)
+def carry_out(state, project, record):
+    """Execute the last step's action, now that it is allowed or decided; record what happened,
+    and return the project as the action left it."""
     last = state.steps[-1]
-    note = repeat_note(state)
+    flags = {"repeat": True} if repeated(state) else {}
     if last.verdict == "refused":
-        return record(observation(last.number, False, note + last.reason))
-    if last.approved is False:
-        return record(observation(last.number, False, note + "DECLINED: the human said no to this action"))
-    if last.target is not None and fingerprint(last.action, root) != last.target:
-        return record(observation(last.number, False, note + "CHANGED: the target is not what the"
-                                  " human approved, so nothing was done; send the action again"))
-    if last.action["tool"] == "done":
+        record(observation(last.number, False, last.reason, **flags))
+    elif last.approved is False:
+        record(observation(last.number, False, "DECLINED: the human said no to this action;"
+                           " their reason follows as a note", **flags))
+    elif last.target is not None and fingerprint(last.action, project) != last.target:
+        record(observation(last.number, False, "CHANGED: the target is not what the human"
+                           " approved, so nothing was done; send the action again", **flags))
+    elif last.action["tool"] == "done":
         verified, why = verify_done(state)
         if not verified:
-            return record(observation(last.number, False, note + f"NOT VERIFIED: {why}"))
-        record(observation(last.number, True, "DONE accepted"))
-        return record(stop("done", last.action["summary"]))
-    result = execute(last.action, root)
-    record(observation(last.number, **{**result, "text": note + result["text"]}))
+            record(observation(last.number, False, f"NOT VERIFIED: {why}", **flags))
+        else:
+            record(observation(last.number, True, "DONE accepted", **flags))
+            record(stop("done", last.action["summary"]))
+    else:
+        result = execute(last.action, project)
+        record(observation(last.number, **result, **flags))
+        return after_action(project, last.action)
+    return project
 
-def resolve(events, approved, root, record):
-    """Decide the ask that waits at the end of EVENTS, then carry its action out."""
-    waiting = waiting_step(fold(events))
+def decide(state, approved, reason, project, record):
+    """Decide the ask that waits in STATE; return the project as the decision left it."""
+    waiting = waiting_step(state)
     if waiting is None:
         raise ValueError("no action is waiting for a decision")
-    record({"type": "decision", "step": waiting.number, "approved": approved})
-    carry_out(events, root, record)
-
-DEFAULT_BUDGET = 20
-
-def run(events, model, root, decide, record, on_step=lambda state: None):
-    """Step until the run stops; return the stop reason."""
-    while fold(events).stop is None:
-        step(events, model, root, decide, record)
-        on_step(fold(events))
-    return fold(events).stop["reason"]
+    event = {"type": "decision", "step": waiting.number, "approved": approved}
+    record({**event, "reason": reason} if reason and not approved else event)
+    if not approved and not reason:
+        record(stop("denied", f"step {waiting.number}: the human declined {headline(waiting.action)}"))
+        return project
+    return carry_out(state, current(project), record)

@@ -2,9 +2,10 @@
 import difflib
 import json
 
+from .commands import classify_command, parse_command, program_argv
 from .protocol import format_action
-from .tools import classify_command, parse_command, program_argv
 from .trust import visible
+from .verbs import VERB_OF_TOOL
 
 DEFAULT_POLICY = {"read": "allow", "search": "allow", "write": "ask",
                   "run": "allow", "git": "ask", "shell": "deny"}
@@ -30,14 +31,17 @@ def merge_policy(policy, overrides, source):
             raise ValueError(f"{source}: {key}: {verdict!r} is not one of {', '.join(VERDICTS)}")
     return {**policy, **overrides}
 
+def whole_policy(policy, source):
+    """POLICY, checked to name every category with a verdict; a ValueError says what is missing."""
+    missing = [key for key in DEFAULT_POLICY if key not in policy]
+    if missing:
+        raise ValueError(f"{source}: the policy names no verdict for {', '.join(missing)}")
+    return merge_policy(DEFAULT_POLICY, policy, source)
+
 def category(action):
-    """The policy category of ACTION: read, search, write, run, git or shell."""
-    tool = action["tool"]
-    if tool == "patch":
-        return "write"
-    if tool == "run":
-        return classify_command(action["command"])
-    return tool
+    """The policy category of ACTION: read, search, write, run, git, shell, or done."""
+    verb = VERB_OF_TOOL[action["tool"]]
+    return verb.category if isinstance(verb.category, str) else verb.category(action[verb.argument])
 
 def authorize(action, policy):
     """allow, ask or deny for ACTION under POLICY; pure, so it can be tested row by row.
@@ -45,9 +49,9 @@ def authorize(action, policy):
     DONE is always allowed (verification judges it). A shell command is
     denied even when the policy says allow: there is no shell underneath.
     """
-    if action["tool"] == "done":
-        return "allow"
     kind = category(action)
+    if kind == "done":
+        return "allow"
     if kind == "shell":
         return "deny"
     return policy[kind]
@@ -83,16 +87,18 @@ def preview(action):
     return visible(warning(action) + shown)
 
 def terminal_decider(ask=input, show=print):
-    """Decide asks at a terminal: show the action, approve only on 'y' or 'yes'."""
+    """Decide asks at a terminal: show the action, approve only on 'y' or 'yes', and after
+    a no, take a reason for the model (none ends the run)."""
     def decide(action):
         show(preview(action))
         try:
-            answer = ask("approve? [y/N] ")
+            if ask("approve? [y/N] ").strip().lower() in ("y", "yes"):
+                return True, ""
+            return False, ask("reason for the model (empty: end the run): ").strip()
         except EOFError:
-            return False
-        return answer.strip().lower() in ("y", "yes")
+            return False, ""
     return decide
 
-def always(answer):
-    """A decider that answers every ask the same way: --yes and --no."""
-    return lambda action: answer
+def always(approved):
+    """A decider that answers every ask the same way, with no reason: --yes and --no."""
+    return lambda action: (approved, "")

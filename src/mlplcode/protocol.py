@@ -1,14 +1,17 @@
 """The protocol: one model reply in, exactly one action record out.
 
-The model answers with one of six verbs. `parse_action` reads that verb and
-its arguments out of the reply, tolerating the habits of real models, and
-turns everything it cannot read into an error record whose reason the model
+The model answers with one of the verbs of the table. `parse_action` reads that
+verb and its arguments out of the reply, tolerating the habits of real models,
+and turns everything it cannot read into an error record whose reason the model
 sees on its next turn. `format_action` writes an action back as text.
 """
 import re
 
-ACTION_VERBS = ("READ", "SEARCH", "WRITE", "PATCH", "RUN", "DONE")
-VERB_CHOICES = "READ, SEARCH, WRITE, PATCH, RUN or DONE"
+from .verbs import VERB_OF_TOOL, VERBS
+
+ACTION_VERBS = tuple(verb.name for verb in VERBS)
+VERB_CHOICES = ", ".join(ACTION_VERBS[:-1]) + " or " + ACTION_VERBS[-1]
+VERB_OF_NAME = {verb.name: verb for verb in VERBS}
 
 
 class ParseError(Exception):
@@ -25,7 +28,7 @@ def parse_action(reply):
         start = action_start(lines)
         lines = drop_outer_fence(lines, start)
         verb, argument = verb_line(lines[start]).groups(default="")
-        if verb in ("WRITE", "PATCH"):
+        if VERB_OF_NAME[verb].body:
             body, rest = split_at_end(lines[start + 1:])
         else:
             body, rest = [], lines[start + 1:]
@@ -121,34 +124,28 @@ def reject_second_action(rest):
         if verb_line(line):
             raise ParseError("two actions in one reply; send exactly one and wait for its result")
 
-ARGUMENT_KEY = {"READ": "path", "SEARCH": "query", "RUN": "command", "DONE": "summary"}
-
-MISSING_ARGUMENT = {
-    "READ": "READ needs a path: READ <path>",
-    "SEARCH": "SEARCH needs the text to look for: SEARCH <text>",
-    "WRITE": "WRITE needs a path: WRITE <path>, then the whole file, then END",
-    "PATCH": "PATCH needs a path: PATCH <path>, then OLD, the old lines, NEW, the new lines, END",
-    "RUN": "RUN needs a command: RUN <command>",
-    "DONE": "DONE needs a one-line summary: DONE <summary>",
-}
+def missing_argument(verb):
+    """The reason for a verb line without its argument: what it needs, and its whole form."""
+    return f"{verb.name} needs {verb.needs}: {verb.form.replace(chr(10), ', then ')}"
 
 
-def build_action(verb, argument, body):
+def build_action(name, argument, body):
     """Make the action record for a verb, its argument and its body lines.
 
     Refuses an empty argument. Paths are only unquoted, not checked: the
     tools decide which paths are allowed.
     """
-    if verb in ("READ", "WRITE", "PATCH"):
+    verb = VERB_OF_NAME[name]
+    if verb.argument == "path":
         argument = unquote(argument)
     if not argument:
-        raise ParseError(MISSING_ARGUMENT[verb])
-    if verb == "WRITE":
-        return {"tool": "write", "path": argument, "content": body_text(unwrap_body(body))}
-    if verb == "PATCH":
-        old, new = split_patch(unwrap_body(body))
-        return {"tool": "patch", "path": argument, "old": old, "new": new}
-    return {"tool": verb.lower(), ARGUMENT_KEY[verb]: argument}
+        raise ParseError(missing_argument(verb))
+    action = {"tool": name.lower(), verb.argument: argument}
+    if verb.body == "content":
+        action["content"] = body_text(unwrap_body(body))
+    elif verb.body == "patch":
+        action["old"], action["new"] = split_patch(unwrap_body(body))
+    return action
 
 def unquote(path):
     """Remove one pair of backticks or quotes around a path, which models copy from prose."""
@@ -217,10 +214,14 @@ def format_action(action):
     empty, as parse_action leaves them; a body that opens with a fence line
     would not read back the same. An error record raises KeyError.
     """
-    tool = action["tool"]
-    if tool == "write":
-        return f"WRITE {action['path']}\n{action['content']}END"
-    if tool == "patch":
-        return f"PATCH {action['path']}\nOLD\n{action['old']}NEW\n{action['new']}END"
-    verb = tool.upper()
-    return f"{verb} {action[ARGUMENT_KEY[verb]]}"
+    verb = VERB_OF_TOOL[action["tool"]]
+    line = f"{verb.name} {action[verb.argument]}"
+    if verb.body == "content":
+        return f"{line}\n{action['content']}END"
+    if verb.body == "patch":
+        return f"{line}\nOLD\n{action['old']}NEW\n{action['new']}END"
+    return line
+
+def headline(action):
+    """The first line of ACTION in protocol text, for messages."""
+    return format_action(action).split("\n", 1)[0]

@@ -3,10 +3,9 @@ import difflib
 import html
 import re
 
-from .guards import REPEAT_NOTE
 from .journal import waiting_step
-from .loop import headline
-from .protocol import format_action
+from .protocol import format_action, headline
+from .verbs import VERB_OF_TOOL
 
 def step_view(state, step):
     """The view of one step of STATE: title, reply, action, verdict and, once there is one, observation."""
@@ -14,19 +13,21 @@ def step_view(state, step):
             ("block", "reply", step.reply),
             action_part(state, step),
             ("line", "verdict", verdict_text(step))]
+    if step.observation and step.observation.get("repeat"):
+        view.append(("line", "note", "this reply is identical to the previous one"))
     if step.observation:
         view.append(("block", "observation", step.observation["text"]))
     return view
 
 def step_title(step):
-    return "reply not parsed" if "error" in step.action else headline(step.action)
+    return headline(step.action) if "tool" in step.action else "reply not parsed"
 
 def action_part(state, step):
     """The action of STEP as a view part: a diff for WRITE and PATCH, protocol text otherwise."""
     action = step.action
-    if "error" in action:
-        return ("line", "action", f"none ({action['error']})")
-    if action["tool"] in ("write", "patch"):
+    if "tool" not in action:
+        return ("line", "action", f"none ({action.get('error', 'the step was cut short')})")
+    if VERB_OF_TOOL[action["tool"]].shown == "diff":
         return ("diff", "action", change(state, step))
     return ("block", "action", format_action(action).rstrip("\n"))
 
@@ -44,7 +45,7 @@ def seen_files(steps):
             continue
         tool, path = step.action.get("tool"), step.action.get("path")
         if tool == "read":
-            seen[path] = step.observation["text"].removeprefix(REPEAT_NOTE).split("\n", 1)[1]
+            seen[path] = step.observation["text"].split("\n", 1)[1]
         elif tool == "write":
             seen[path] = step.action["content"]
         elif tool == "patch" and path in seen:

@@ -2,9 +2,6 @@
 import os
 import re
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
-
 from .journal import fold, read_events, waiting_step
 from .show import as_markdown, bundle, note_view, step_view, stop_view, waiting_view
 
@@ -13,8 +10,8 @@ TRANSCRIPT_WORDS = {"decide": "a decision on the last step"}
 def start_view(start):
     """The facts of a run's start: its task, root, model, budget and policy."""
     policy = " ".join(f"{category}={verdict}" for category, verdict in start["policy"].items())
-    return [("title", "", f"mlplcode run {start.get('run', '')}".rstrip()), ("block", "task", start["task"]),
-            ("line", "root", start.get("root", "not recorded")), ("line", "model", start["model"]),
+    return [("title", "", f"mlplcode run {start['run']}"), ("block", "task", start["task"]),
+            ("line", "root", start["root"]), ("line", "model", start["model"]),
             ("line", "budget", str(start["budget"])), ("line", "policy", policy)]
 
 def sections(events):
@@ -23,8 +20,9 @@ def sections(events):
     result = [("task", None, start_view(events[0]))]
     steps = 0
     for event in events:
-        if event["type"] == "note":
-            result.append(("note", steps, [("title", "", "note from the human")] + note_view(event["text"])))
+        text = event.get("text") if event["type"] == "note" else event.get("reason")
+        if event["type"] in ("note", "decision") and text:
+            result.append(("note", steps, [("title", "", "note from the human")] + note_view(text)))
         elif event["type"] == "reply":
             steps = event["step"]
             result.append(("step", steps, step_view(state, state.steps[steps - 1])))
@@ -64,29 +62,30 @@ def org_escape(text):
 
 def notebook(events):
     """The run of EVENTS as a notebook of the cells that would have driven it."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
     start, state = events[0], fold(events)
-    cells = [new_markdown_cell(f"# mlplcode run {start.get('run', '')}\n\nRendered from the run's journal."),
+    cells = [new_markdown_cell(f"# mlplcode run {start['run']}\n\nRendered from the run's journal."),
              new_code_cell(settings_source(start))]
     views = {(kind, number): view for kind, number, view in sections(events)}
 
     def output(kind, number, view):
         return new_output("display_data", data=bundle(view),
-                          metadata={"mlplcode": {"run": start.get("run"), "step": number, "kind": kind}})
+                          metadata={"mlplcode": {"run": start["run"], "step": number, "kind": kind}})
 
     cells.append(new_code_cell("%%task\n" + start["task"], outputs=[output("task", None, views["task", None])]))
     number, step_cell = 0, None
-    for index, event in enumerate(events):
-        after = events[index + 1] if index + 1 < len(events) else {}
-        if event["type"] == "note" and not (after.get("type") == "decision" and not after["approved"]):
+    for event in events:
+        if event["type"] == "note":
             cells.append(new_code_cell(event["text"], outputs=[output("note", number, note_view(event["text"]))]))
         elif event["type"] == "reply":
             number = event["step"]
             step_cell = new_code_cell("%step", outputs=[output("step", number, views["step", number])])
             cells.append(step_cell)
         elif event["type"] == "decision" and cells[-1] is step_cell:
-            step_cell.source += "\n" + decision_command(event, events[index - 1])
+            step_cell.source += "\n" + decision_command(event)
         elif event["type"] == "decision":
-            cells.append(new_code_cell(decision_command(event, events[index - 1])))
+            cells.append(new_code_cell(decision_command(event)))
     waiting = waiting_step(state)
     if waiting:
         cells[-1].outputs.append(output("ask", waiting.number, waiting_view({"decide": "%approve or %deny [reason]"})))
@@ -100,14 +99,14 @@ def notebook(events):
 
 def settings_source(start):
     policy = " ".join(f"{category}={verdict}" for category, verdict in start["policy"].items())
-    return (f"%root {start.get('root', '.')}\n%model {start['model']}\n"
+    return (f"%root {start['root']}\n%model {start['model']}\n"
             f"%budget {start['budget']}\n%policy {policy}")
 
-def decision_command(decision, before):
-    """%approve, or %deny with the note recorded just before the "no" as its reason."""
+def decision_command(decision):
+    """%approve, or %deny with the reason given with the "no", if any."""
     if decision["approved"]:
         return "%approve"
-    return f"%deny {before['text']}" if before["type"] == "note" else "%deny"
+    return f"%deny {decision['reason']}" if decision.get("reason") else "%deny"
 
 WRITERS = {".md": markdown, ".org": org, ".ipynb": notebook}
 

@@ -87,6 +87,11 @@ def child_environment(root, home):
     kept = {name: os.environ[name] for name in CHILD_VARIABLES if name in os.environ}
     return {**kept, "PATH": safe_path(root), "HOME": home, "TMPDIR": home, **GIT_SAFETY}
 
+
+def find_program(name, root):
+    """The absolute path of program NAME on the safe PATH of ROOT, or None."""
+    return shutil.which(name, path=safe_path(root))
+
 RUN_CPU_SECONDS = 120
 RUN_FILE_BYTES = 64 * 1024 * 1024
 RUN_MEMORY_BYTES = 4 * 1024 * 1024 * 1024
@@ -98,10 +103,6 @@ def limit_resources():
                          (resource.RLIMIT_FSIZE, RUN_FILE_BYTES),
                          (resource.RLIMIT_AS, RUN_MEMORY_BYTES)):
         resource.setrlimit(limit, (value, value))
-
-def find_bubblewrap(root):
-    """The bwrap program on the safe PATH, or None: RUN is then unsandboxed, and says so."""
-    return shutil.which("bwrap", path=safe_path(root))
 
 SANDBOX_TMP_BYTES = 256 * 1024 * 1024
 
@@ -128,9 +129,9 @@ def sandbox_argv(bwrap, argv, root, protected, masked, empty):
     return command + ["--unshare-all", "--die-with-parent", "--new-session",
                       "--chdir", root, "--", *argv]
 
-def sandbox_banner(root):
-    """One line for the top of a run: whether RUN is sandboxed, and what that means."""
-    if find_bubblewrap(root):
+def sandbox_banner(bwrap):
+    """One line for the top of a run: whether RUN is sandboxed (BWRAP found), and what that means."""
+    if bwrap:
         return "sandboxed by bubblewrap (no network, read-only outside the project, no leftover process)"
     return ("unsandboxed: bubblewrap (bwrap) not found; tests run with your user's files"
             " and network")

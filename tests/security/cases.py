@@ -3,7 +3,8 @@
 A case is a dict: `name`, `setup` (steps that build the world, see
 test_security.build), `replies` (the scripted model's, one per step; the
 budget is their number), optional `decide` (the human: "yes" by default,
-which approves everything, the worst case), `policy`, `mode` ("sandboxed",
+which approves everything, the worst case; "no" declines, which ends the run;
+"no_because" declines with a reason), `policy`, `mode` ("sandboxed",
 "unsandboxed" or "any"), `environment` and `constants`; and `expect`: the stop
 reason, per step a verdict and a fragment of what the model was told, files
 of the root and their content (None: absent), and what the approval preview
@@ -252,7 +253,7 @@ CASES = [
     {"name": "resource-search-deep", "setup": [("deep", "300")], "replies": ["SEARCH needle"],
      "expect": {"steps": [allowed("no matches")]}},
     {"name": "resource-search-time", "setup": [("file", "a.txt", "needle\n")],
-     "constants": {("tools", "SEARCH_SECONDS"): 0}, "replies": ["SEARCH needle"],
+     "constants": {("search", "SEARCH_SECONDS"): 0}, "replies": ["SEARCH needle"],
      "expect": {"steps": [allowed("the search stopped after 0 s")]}},
     {"name": "resource-network-refused", "mode": "sandboxed",
      "replies": [test_file("socket.create_connection(('127.0.0.1', {port}), timeout=1)"), RUN],
@@ -335,7 +336,13 @@ CASES = [
      "expect": {"steps": [asked(), allowed("1 failed"), allowed("NOT VERIFIED")]}},
     {"name": "protocol-run-in-body", "decide": "no",
      "replies": ["WRITE Dockerfile\nFROM python\nRUN rm -rf /\nEND"],
-     "expect": {"steps": [asked("DECLINED")], "files": {"Dockerfile": None}}},
+     "expect": {"stop": "denied", "steps": [asked("is write: ask")], "files": {"Dockerfile": None}}},
+    {"name": "probing-a-bare-no-ends-the-run", "decide": "no",
+     "replies": ["WRITE a.txt\nx\nEND", "WRITE a.txt\nx \nEND", "WRITE ./a.txt\nx\nEND"],
+     "expect": {"stop": "denied", "steps": [asked("is write: ask")], "files": {"a.txt": None}}},
+    {"name": "probing-a-no-with-a-reason-goes-on", "decide": "no_because",
+     "replies": ["WRITE a.txt\nx\nEND", "READ calc.py"],
+     "expect": {"steps": [asked("DECLINED"), allowed("calc.py")], "files": {"a.txt": None}}},
     {"name": "protocol-newline-in-command", "replies": ["RUN pytest -q\nrm -rf /"],
      "expect": {"steps": [allowed("1 passed")]}},
 

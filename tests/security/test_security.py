@@ -14,10 +14,13 @@ import time
 
 import pytest
 
+import subprocess
+
 from conftest import require_tool
-from mlplcode import cli, loop, tools, trust
-from mlplcode.journal import fold
+from mlplcode import Agent, cli, trust
+from mlplcode.models import ModelError
 from mlplcode.policy import DEFAULT_POLICY, terminal_decider
+from mlplcode.tools import project as project_module, run as run_module, search as search_module
 
 from cases import CANARIES, CASES, MARK
 
@@ -76,9 +79,9 @@ def build(world, setup):
             except PermissionError:
                 pytest.skip("mknod needs root")
         elif operation == "git":
-            tools.subprocess.run(["git", "init", "-q", str(world.root)], check=True)
+            subprocess.run(["git", "init", "-q", str(world.root)], check=True)
         elif operation == "gitconfig":
-            tools.subprocess.run(["git", "-C", str(world.root), "config", *arguments], check=True)
+            subprocess.run(["git", "-C", str(world.root), "config", *arguments], check=True)
         elif operation == "deep":
             (world.root / ("d/" * int(arguments[0])) / "deep.txt").parent.mkdir(parents=True)
             (world.root / ("d/" * int(arguments[0])) / "deep.txt").write_text("needle\n")
@@ -86,34 +89,37 @@ def build(world, setup):
             raise ValueError(f"unknown setup operation {operation}")
 
 
-def decider(name, world, shown):
+def decider(name, world, shown, monkeypatch):
     """The human of a case: approves everything, and for a TOCTOU case changes the world first."""
+    yes = (True, "")
+
     def swap_to_symlink(action):
         target = world.root / action["path"]
         target.unlink()
         os.symlink(world.outside / "secret.txt", target)
-        return True
+        return yes
 
     def change_content(action):
         (world.root / action["path"]).write_text("changed behind the human's back\n")
-        return True
+        return yes
 
     def swap_parent(action):
         parent = world.root / action["path"].split("/")[0]
         os.rename(parent, world.base / "moved")
         os.symlink(world.outside, parent)
-        return True
+        return yes
 
     def create_it(action):
         (world.root / action["path"]).write_text("appeared\n")
-        return True
+        return yes
 
     def lose_bubblewrap(action):
-        tools.find_bubblewrap = lambda root: None
-        return True
+        monkeypatch.setattr("mlplcode.tools.approval.find_program", lambda name, root: None)
+        return yes
 
     terminal = terminal_decider(ask=lambda prompt: "y", show=shown.append)
-    return {"yes": lambda action: True, "no": lambda action: False, "terminal": terminal,
+    return {"yes": lambda action: yes, "no": lambda action: (False, ""),
+            "no_because": lambda action: (False, "not this file"), "terminal": terminal,
             "swap_to_symlink": swap_to_symlink, "change_content": change_content,
             "swap_parent": swap_parent, "create_it": create_it,
             "lose_bubblewrap": lose_bubblewrap}[name]
@@ -180,7 +186,7 @@ def nobody_connected(server):
 @pytest.fixture
 def fast(monkeypatch):
     """Bound every limit of the tools to a few seconds and a few megabytes."""
-    monkeypatch.setattr(tools, "RUN_TIMEOUT_SECONDS", 3)
+    monkeypatch.setattr(run_module, "RUN_TIMEOUT_SECONDS", 3)
     monkeypatch.setattr(trust, "RUN_CPU_SECONDS", 1)
     monkeypatch.setattr(trust, "RUN_FILE_BYTES", 1024 * 1024)
     monkeypatch.setattr(trust, "RUN_MEMORY_BYTES", 1024 * 1024 * 1024)
@@ -191,8 +197,9 @@ def set_mode(mode, monkeypatch):
     if mode == "sandboxed":
         require_tool("bwrap", "sandboxed RUN cases")
     elif mode == "unsandboxed":
-        monkeypatch.setattr(tools, "find_bubblewrap", lambda root: None)
-        monkeypatch.setattr(trust, "find_bubblewrap", lambda root: None)
+        real = trust.find_program
+        monkeypatch.setattr(project_module, "find_program",
+                            lambda name, root: None if name == "bwrap" else real(name, root))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case["name"] for case in CASES])
@@ -203,9 +210,8 @@ def test_case(case, tmp_path, monkeypatch, fast, capsys, listener):
     for name, value in case.get("environment", {}).items():
         monkeypatch.setenv(name, world.fill(value))
     for (module, name), value in case.get("constants", {}).items():
-        monkeypatch.setattr({"tools": tools, "trust": trust}[module], name, value)
+        monkeypatch.setattr({"search": search_module, "trust": trust}[module], name, value)
     set_mode(case.get("mode", "any"), monkeypatch)
-    monkeypatch.setattr(tools, "find_bubblewrap", tools.find_bubblewrap)  # undone after the case
     build(world, case.get("setup", []))
     before = tree_hash(world.outside), tree_hash(world.home)
 
@@ -214,17 +220,17 @@ def test_case(case, tmp_path, monkeypatch, fast, capsys, listener):
     def model(messages):
         prompts.append(json.dumps(messages))
         if not replies:
-            raise loop.ModelError("no reply left")
+            raise ModelError("no reply left")
         return replies.pop(0)
 
-    shown = []
-    start = {"type": "start", "task": "the case's task", "budget": len(case["replies"]),
-             "policy": {**DEFAULT_POLICY, **case.get("policy", {})}, "model": "scripted"}
-    journal = tmp_path / "journal.jsonl"
-    events = cli.drive(start, model, str(world.root), decider(case.get("decide", "yes"), world, shown),
-                       str(journal))
+    shown, journal = [], tmp_path / "journal.jsonl"
+    agent = Agent.start("the case's task", str(world.root), "echo", journal=str(journal),
+                        budget=len(case["replies"]), policy={**DEFAULT_POLICY, **case.get("policy", {})},
+                        on_event=cli.print_event)
+    agent.model = model  # the case's replies, with each prompt kept to look for canaries in
+    cli.drive(agent, decider(case.get("decide", "yes"), world, shown, monkeypatch))
     transcript = capsys.readouterr().out
-    state = fold(events)
+    state = agent.state
 
     expect = case["expect"]
     assert state.stop["reason"] == expect.get("stop", "budget")
