@@ -104,6 +104,9 @@ def test_replay_refuses_a_bad_journal_when_built(tmp_path, line, complaint):
 @pytest.mark.parametrize("spec", [
     "gpt-4", "echo:x", "scripted:", "replay:", "ollama:", "openai:qwen",
     "openai:@http://127.0.0.1:1/v1", "openai:qwen@127.0.0.1:1/v1",
+    "openai:qwen@ftp://127.0.0.1:1/v1", "openai:qwen@http:///v1",
+    "openai:qwen@http://127.0.0.1:port/v1", "openai:qwen@http://127.0.0.1:0/v1",
+    "openai:qwen@http://127.0.0.1:70000/v1", "openai:qwen@http://user:pw@127.0.0.1:1/v1",
 ])
 def test_an_unknown_or_malformed_spec_is_a_value_error(spec):
     with pytest.raises(ValueError, match="use scripted:FILE.json, replay:JOURNAL, echo") as caught:
@@ -111,9 +114,30 @@ def test_an_unknown_or_malformed_spec_is_a_value_error(spec):
     assert repr(spec) in str(caught.value)
 
 
-def test_timeouts_are_the_documented_constants():
-    assert (models.CONNECT_TIMEOUT, models.READ_TIMEOUT) == (10.0, 300.0)
+def test_the_limits_are_the_documented_constants():
+    assert models.DEFAULT_TIMEOUT == 600.0
+    assert models.DEFAULT_MAX_REPLY_BYTES == 1024 * 1024
+    assert models.DEFAULT_MAX_TOKENS == 4096
+    assert (models.RETRIES, models.RETRY_BACKOFF, models.RETRY_AFTER_LIMIT) == (3, 0.5, 30.0)
     assert models.OLLAMA_BASE_URL == "http://127.0.0.1:11434/v1"
+
+
+@pytest.mark.parametrize("options, complaint", [
+    ({"timeout": 0}, "timeout must be above 0"),
+    ({"timeout": -1.0}, "timeout must be above 0"),
+    ({"timeout": float("nan")}, "timeout must be above 0"),
+    ({"timeout": float("inf")}, "at most a day"),
+    ({"max_reply_bytes": 0}, "max_reply_bytes must be a positive integer"),
+    ({"max_tokens": 1.5}, "max_tokens must be a positive integer"),
+])
+def test_limits_no_call_could_keep_are_a_value_error_when_built(options, complaint):
+    with pytest.raises(ValueError, match=complaint):
+        model_from_spec("openai:qwen@http://127.0.0.1:1/v1", **options)
+
+
+def test_models_without_a_server_accept_and_ignore_the_http_options():
+    model = model_from_spec("echo", timeout=1, max_reply_bytes=1, max_tokens=1, on_retry=print)
+    assert model(MESSAGES) == "Say hello."
 
 
 # --- the HTTP adapter against a real server on 127.0.0.1 -------------------
@@ -128,6 +152,7 @@ class ChatServerHandler(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.server.requests.append({
             "path": self.path,
+            "host": self.headers.get("Host"),
             "authorization": self.headers.get("Authorization"),
             "body": json.loads(body),
         })
@@ -148,16 +173,14 @@ class ChatServerHandler(BaseHTTPRequestHandler):
         pass  # keep the test output quiet
 
 
-@pytest.fixture(autouse=True)
-def no_proxies(monkeypatch):
-    """httpx honours proxy variables even for 127.0.0.1; the tests must not leave the machine."""
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
+@pytest.fixture
+def quick_retries(monkeypatch):
+    """Retries wait a hundredth of a second, so the tests of retrying stay fast."""
+    monkeypatch.setattr(models, "RETRY_BACKOFF", 0.01)
 
 
 @pytest.fixture
-def server():
+def server(quick_retries):
     """A chat-completions server on 127.0.0.1; set `answers`, read `requests`."""
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), ChatServerHandler)
     httpd.answers, httpd.requests = [], []
@@ -183,8 +206,23 @@ def test_openai_posts_the_chat_and_returns_the_reply(server):
     assert model(MESSAGES) == "hello"
     [request] = server.requests
     assert request["path"] == "/v1/chat/completions"
-    assert request["body"] == {"model": "qwen", "messages": MESSAGES, "temperature": 0}
+    assert request["host"] == f"127.0.0.1:{server.server_port}"
+    assert request["body"] == {"model": "qwen", "messages": MESSAGES, "temperature": 0,
+                               "max_tokens": 4096}
     assert request["authorization"] is None
+
+
+def test_max_tokens_is_sent_as_given(server):
+    server.answers = [(200, chat_reply("hello"))]
+    assert model_from_spec(f"openai:qwen@{server.base_url}", max_tokens=12)(MESSAGES) == "hello"
+    assert server.requests[0]["body"]["max_tokens"] == 12
+
+
+def test_proxy_variables_are_not_honoured(server, monkeypatch):
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{closed_port()}")
+    server.answers = [(200, chat_reply("direct"))]
+    assert model_from_spec(f"openai:qwen@{server.base_url}")(MESSAGES) == "direct"
 
 
 def test_the_key_is_sent_from_the_named_variable_at_call_time(server, monkeypatch):
@@ -213,15 +251,24 @@ def test_ollama_is_openai_at_the_local_ollama_url(server, monkeypatch):
     assert server.requests[0]["body"]["model"] == "qwen2.5-coder:7b"
 
 
-def test_an_http_error_names_the_status_and_is_not_retried(server):
-    crash = "Traceback (most recent call last):\n  model crashed"
-    server.answers = [(500, crash), (200, chat_reply("no"))]
+def test_a_client_error_names_the_status_and_is_not_retried(server):
+    server.answers = [(400, '{"error":\n "context too long"}'), (200, chat_reply("no"))]
     with pytest.raises(ModelError) as caught:
         model_from_spec(f"openai:qwen@{server.base_url}")(MESSAGES)
+    assert str(caught.value) == (
+        f'openai:qwen@{server.base_url}: HTTP 400: {{"error": "context too long"}}')
+    assert len(server.requests) == 1
+
+
+def test_a_server_error_is_retried_and_then_named_on_one_line(server):
+    crash = "Traceback (most recent call last):\n  model crashed"
+    server.answers = [(500, crash)] * 4
+    with pytest.raises(ModelError) as caught:
+        model_from_spec(f"openai:qwen@{server.base_url}", on_retry=lambda line: None)(MESSAGES)
     message = str(caught.value)
     assert message.startswith(f"openai:qwen@{server.base_url}: HTTP 500: Traceback")
-    assert "model crashed" in message and "\n" not in message
-    assert len(server.requests) == 1
+    assert message.endswith("model crashed (after 3 retries)") and "\n" not in message
+    assert len(server.requests) == 4
 
 
 @pytest.mark.parametrize("body, complaint", [
@@ -241,27 +288,28 @@ def test_a_dropped_connection_is_retried_once_and_then_succeeds(server):
     assert len(server.requests) == 2
 
 
-def test_connection_failures_get_exactly_one_retry(server):
-    server.answers = [DROP, DROP, (200, chat_reply("too late"))]
-    with pytest.raises(ModelError, match=r"connection failed: .* \(after one retry\)$"):
+def test_connection_failures_get_three_retries(server):
+    server.answers = [DROP, DROP, DROP, DROP, (200, chat_reply("too late"))]
+    with pytest.raises(ModelError, match=r"connection failed: .* \(after 3 retries\)$"):
         model_from_spec(f"openai:qwen@{server.base_url}")(MESSAGES)
-    assert len(server.requests) == 2
+    assert len(server.requests) == 4
 
 
-def test_a_refused_connection_is_a_one_line_model_error():
+def test_a_refused_connection_is_a_one_line_model_error(quick_retries):
     base_url = f"http://127.0.0.1:{closed_port()}/v1"
     with pytest.raises(ModelError) as caught:
         model_from_spec(f"openai:qwen@{base_url}")(MESSAGES)
     message = str(caught.value)
     assert message.startswith(f"openai:qwen@{base_url}: connection failed: ")
-    assert "refused" in message.lower() and message.endswith("(after one retry)")
+    assert "refused" in message.lower() and message.endswith("(after 3 retries)")
 
 
-def test_a_read_timeout_is_not_retried(server, monkeypatch):
-    monkeypatch.setattr(models, "READ_TIMEOUT", 0.1)
+def test_a_timeout_is_not_retried(server):
     server.answers = [("slow", ""), (200, chat_reply("no"))]
-    with pytest.raises(ModelError, match="no reply within 0.1 s"):
-        model_from_spec(f"openai:qwen@{server.base_url}")(MESSAGES)
+    with pytest.raises(ModelError) as caught:
+        model_from_spec(f"openai:qwen@{server.base_url}", timeout=0.1)(MESSAGES)
+    assert str(caught.value) == (
+        f"openai:qwen@{server.base_url}: no complete reply within the 0.1 s deadline")
     assert len(server.requests) == 1
 
 
@@ -274,8 +322,28 @@ def test_the_key_never_appears_in_error_messages(server, monkeypatch):
     assert "HTTP 401" in str(caught.value) and "Incorrect API key" in str(caught.value)
     assert SECRET not in str(caught.value)
 
+    retries = []
+    server.answers = [(503, "overloaded for {authorization}")] * 4
+    model = model_from_spec(f"openai:qwen@{server.base_url}", api_key_env="MLPL_TEST_KEY",
+                            on_retry=retries.append)
+    with pytest.raises(ModelError) as caught:
+        model(MESSAGES)
+    assert len(retries) == 3 and "[api key]" in retries[0]
+    assert SECRET not in str(caught.value) + "".join(retries)
+
     refused = model_from_spec(f"openai:qwen@http://127.0.0.1:{closed_port()}/v1",
                               api_key_env="MLPL_TEST_KEY")
     with pytest.raises(ModelError) as caught:
         refused(MESSAGES)
     assert SECRET not in str(caught.value)
+
+
+@pytest.mark.parametrize("key", ["sk-one\nInjected: header", "sk-caf\u00e9"])
+def test_a_key_no_header_can_carry_is_refused_by_name(server, monkeypatch, key):
+    monkeypatch.setenv("MLPL_TEST_KEY", key)
+    model = model_from_spec(f"openai:qwen@{server.base_url}", api_key_env="MLPL_TEST_KEY")
+    with pytest.raises(ModelError) as caught:
+        model(MESSAGES)
+    assert str(caught.value) == (f"openai:qwen@{server.base_url}: environment variable "
+                                 "MLPL_TEST_KEY holds characters an HTTP header cannot carry")
+    assert server.requests == []

@@ -1,9 +1,16 @@
 """Models: functions from chat messages to reply text, built from a spec string."""
+import http.client
+import io
 import json
 import os
+import re
+import socket
+import ssl
+import sys
+import time
 from pathlib import Path
-
-import httpx
+from typing import NamedTuple
+from urllib.parse import urlsplit
 
 from .journal import read_events
 
@@ -66,27 +73,36 @@ def replay_model(path, used=0):
         raise ModelError(f"replay:{path}: {error}") from error
     return model_from_replies([e["text"] for e in events if e["type"] == "reply"], "replay", used)
 
-CONNECT_TIMEOUT = 10.0  # seconds to open the connection
-READ_TIMEOUT = 300.0  # seconds between bytes of the reply; a local model may think long
+DEFAULT_TIMEOUT = 600.0  # seconds for a whole call, retries included
+DEFAULT_MAX_REPLY_BYTES = 2**20  # 1 MiB: the most of an answer's body that is read
+DEFAULT_MAX_TOKENS = 4096  # the longest reply asked of the server
+RETRIES = 3  # attempts after the first, for failures another attempt may mend
+RETRY_BACKOFF = 0.5  # seconds before the first retry, doubled before each next one
+RETRY_AFTER_LIMIT = 30.0  # the longest wait a 429's Retry-After is granted
 OLLAMA_BASE_URL = "http://127.0.0.1:11434/v1"
 
-# Failures where the connection broke before any reply came back, so asking
-# again risks at most a repeated completion; timeouts are not here, since a
-# second wait would double the delay.
-CONNECTION_ERRORS = (httpx.NetworkError, httpx.RemoteProtocolError)
-
+def check_limits(timeout, max_reply_bytes, max_tokens):
+    """Refuse, with ValueError, limits that no call could keep."""
+    if not 0 < timeout <= 24 * 3600:
+        raise ValueError(f"timeout must be above 0 and at most a day, in seconds, not {timeout!r}")
+    for name, value in (("max_reply_bytes", max_reply_bytes), ("max_tokens", max_tokens)):
+        if not (isinstance(value, int) and value > 0):
+            raise ValueError(f"{name} must be a positive integer, not {value!r}")
 
 def api_key(api_key_env, label):
     """The API key from the environment variable named `api_key_env`, or None if none is named.
 
-    Refuses a named variable that is unset or empty; the message names the
-    variable, never a value.
+    Refuses a named variable that is unset, empty, or holds what a header
+    cannot carry; the message names the variable, never a value.
     """
     if api_key_env is None:
         return None
     key = os.environ.get(api_key_env)
     if not key:
         raise ModelError(f"{label}: environment variable {api_key_env} is not set")
+    if not (key.isascii() and key.isprintable()):
+        raise ModelError(f"{label}: environment variable {api_key_env} holds characters "
+                         "an HTTP header cannot carry")
     return key
 
 def excerpt(text, secret):
@@ -100,87 +116,230 @@ def excerpt(text, secret):
         line = line.replace(secret, "[api key]")
     return line[:200] + ("..." if len(line) > 200 else "")
 
-def post_with_one_retry(url, body, headers):
-    """POST `body` as JSON to `url`, asking once more if the connection breaks.
 
-    HTTP errors are answers, not broken connections, so they are never retried.
+def described(error):
+    """An exception's message on one line, or its type's name when it has none."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+class ChatRequest(NamedTuple):
+    """One chat-completions request, ready to send, and the key it carries."""
+    url: str
+    payload: bytes
+    headers: dict
+    secret: str | None
+
+
+def chat_request(url, model_name, messages, max_tokens, key):
+    """The request that asks the model at `url` for one whole reply to `messages`."""
+    body = {"model": model_name, "messages": messages, "temperature": 0, "max_tokens": max_tokens}
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    return ChatRequest(url, json.dumps(body).encode("ascii"), headers, key)
+
+def time_left(deadline):
+    """Seconds until `deadline` on the monotonic clock; raises TimeoutError once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the deadline has passed")
+    return left
+
+class DeadlineReader(io.RawIOBase):
+    """The bytes arriving on a socket, as a file on which no read waits past `deadline`."""
+
+    def __init__(self, sock, deadline):
+        super().__init__()
+        self.sock, self.deadline = sock, deadline
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        self.sock.settimeout(time_left(self.deadline))
+        return self.sock.recv_into(buffer)
+
+    def makefile(self, mode):
+        """The buffered file that http.client.HTTPResponse asks its socket for."""
+        return io.BufferedReader(self)
+
+def open_socket(parts, deadline):
+    """A socket connected to the host of the split URL `parts`, in TLS for https, before `deadline`."""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    sock = socket.create_connection((parts.hostname, port), timeout=time_left(deadline))
+    if parts.scheme == "https":
+        sock.settimeout(time_left(deadline))
+        sock = ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
+    return sock
+
+def read_body(response, limit):
+    """At most `limit` bytes of the body of `response`, read 64 KiB at most at a time."""
+    body = bytearray()
+    while len(body) < limit and (piece := response.read1(min(65536, limit - len(body)))):
+        body += piece
+    return body
+
+def post(request, deadline, limit):
+    """POST `request` and read the answer before `deadline`: (status, Retry-After, body up to `limit`).
+
+    Raises OSError or http.client.HTTPException when no whole answer came:
+    a refused or broken connection, the deadline, a malformed answer.
     """
-    timeout = httpx.Timeout(CONNECT_TIMEOUT, read=READ_TIMEOUT)
-    with httpx.Client(timeout=timeout) as client:
-        try:
-            return client.post(url, json=body, headers=headers)
-        except CONNECTION_ERRORS:
-            return client.post(url, json=body, headers=headers)
+    parts = urlsplit(request.url)
+    with open_socket(parts, deadline) as sock:
+        sender = http.client.HTTPConnection(parts.netloc)
+        sender.sock = sock  # so that it writes on our socket instead of opening its own
+        sock.settimeout(time_left(deadline))
+        sender.request("POST", parts.path, request.payload, {"Host": parts.netloc, **request.headers})
+        response = http.client.HTTPResponse(DeadlineReader(sock, deadline), method="POST")
+        response.begin()
+        return response.status, response.getheader("Retry-After"), read_body(response, limit)
 
-def transport_failure(error):
-    """Say in a few words why no HTTP answer arrived."""
-    reason = " ".join(str(error).split()) or type(error).__name__
-    if isinstance(error, CONNECTION_ERRORS):
-        return f"connection failed: {reason} (after one retry)"
-    if isinstance(error, httpx.ConnectTimeout):
-        return f"could not connect within {CONNECT_TIMEOUT:g} s"
-    if isinstance(error, httpx.ReadTimeout):
-        return f"no reply within {READ_TIMEOUT:g} s"
-    return f"request failed: {reason}"
+LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
-def reply_content(response, label, secret):
-    """The reply text of a chat-completions response.
 
-    Refuses an HTTP error status, a body that is not JSON, and a body without
-    a string at choices[0].message.content.
+def reply_content(body, label, secret):
+    """The reply text of a chat-completions answer's body, every character writable as UTF-8.
+
+    Refuses a body that is not JSON, is nested too deeply to decode, or has
+    no string at choices[0].message.content.
     """
-    if response.status_code >= 400:
-        raise ModelError(f"{label}: HTTP {response.status_code}: {excerpt(response.text, secret)}")
+    text = body.decode("utf-8", errors="replace")
     try:
-        content = response.json()["choices"][0]["message"]["content"]
+        content = json.loads(text)["choices"][0]["message"]["content"]
+    except RecursionError:
+        raise ModelError(f"{label}: reply is JSON nested too deeply to read") from None
     except ValueError:
-        raise ModelError(f"{label}: reply is not JSON: {excerpt(response.text, secret)}") from None
+        raise ModelError(f"{label}: reply is not JSON: {excerpt(text, secret)}") from None
     except (KeyError, IndexError, TypeError):
         raise ModelError(
-            f"{label}: reply has no choices[0].message.content: {excerpt(response.text, secret)}"
+            f"{label}: reply has no choices[0].message.content: {excerpt(text, secret)}"
         ) from None
     if not isinstance(content, str):
         raise ModelError(f"{label}: choices[0].message.content is not a string")
-    return content
+    return LONE_SURROGATE.sub("\N{REPLACEMENT CHARACTER}", content)
 
-def openai_model(model_name, base_url, api_key_env):
-    """A model served by any OpenAI-compatible chat-completions server.
+class Retryable(Exception):
+    """A failure another attempt may mend; `wait` is the seconds a server asked us to wait, or None."""
+
+    def __init__(self, reason, wait=None):
+        super().__init__(reason)
+        self.wait = wait
+
+def retry_after_seconds(header):
+    """The seconds a Retry-After header asks for, or None when it is missing or a date."""
+    try:
+        return max(0, int(header))
+    except (TypeError, ValueError):
+        return None
+
+def answer_text(status, retry_after, body, label, secret):
+    """The reply in an HTTP answer; raises Retryable for a 5xx or a 429 that asks no long wait."""
+    if status < 400:
+        return reply_content(body, label, secret)
+    failure = f"HTTP {status}: {excerpt(body.decode('utf-8', errors='replace'), secret)}"
+    if status < 500 and status != 429:
+        raise ModelError(f"{label}: {failure}")
+    if retry_after is not None and retry_after > RETRY_AFTER_LIMIT:
+        raise ModelError(f"{label}: {failure} (asks to wait {retry_after} s)")
+    raise Retryable(failure, retry_after)
+
+def attempt(request, deadline, timeout, max_reply_bytes, label):
+    """POST `request` once: the reply text; raises Retryable when another attempt may mend the failure.
+
+    Every other failure is a ModelError: the deadline passed, the body is
+    over `max_reply_bytes`, or the answer is not a chat reply.
+    """
+    try:
+        status, retry_after, body = post(request, deadline, max_reply_bytes + 1)
+    except ConnectionError as error:
+        raise Retryable(f"connection failed: {described(error)}") from None
+    except TimeoutError:
+        raise ModelError(f"{label}: no complete reply within the {timeout:g} s deadline") from None
+    except (OSError, ValueError, http.client.HTTPException) as error:
+        # ValueError: a host name or a path that cannot be sent, such as one outside ASCII
+        raise ModelError(f"{label}: request failed: {described(error)}") from None
+    if len(body) > max_reply_bytes:
+        raise ModelError(f"{label}: reply is longer than {max_reply_bytes} bytes")
+    return answer_text(status, retry_after_seconds(retry_after), body, label, request.secret)
+
+def print_retry(line):
+    """Show a retry on standard error: the default `on_retry`."""
+    print(line, file=sys.stderr, flush=True)
+
+def retries_note(retry):
+    """The end of a failure's line: the retries made, and whether the deadline stopped them."""
+    made = f"after {retry} {'retry' if retry == 1 else 'retries'}"
+    if retry == RETRIES:
+        return f" ({made})"
+    if retry:
+        return f" ({made}; the deadline leaves no time for another)"
+    return " (the deadline leaves no time to retry)"
+
+def with_retries(attempt_once, deadline, on_retry, label):
+    """The reply of `attempt_once()`, called again after each Retryable failure, RETRIES times at most."""
+    for retry in range(RETRIES + 1):
+        try:
+            return attempt_once()
+        except Retryable as failure:
+            wait = RETRY_BACKOFF * 2**retry if failure.wait is None else failure.wait
+            if retry == RETRIES or time.monotonic() + wait >= deadline:
+                raise ModelError(f"{label}: {failure}{retries_note(retry)}") from None
+            on_retry(f"{label}: {failure}; retry {retry + 1} of {RETRIES} in {wait:g} s")
+            time.sleep(wait)
+
+def openai_model(model_name, base_url, api_key_env, timeout, max_reply_bytes, max_tokens, on_retry):
+    """A model served by any OpenAI-compatible chat-completions server, within the limits given.
 
     The key is read from the environment at each call, so it lives in no
     file, flag or closure; errors carry the spec, never the key.
     """
+    check_limits(timeout, max_reply_bytes, max_tokens)
     label = f"openai:{model_name}@{base_url}"
     url = base_url.rstrip("/") + "/chat/completions"
 
     def model(messages):
-        key = api_key(api_key_env, label)
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        body = {"model": model_name, "messages": messages, "temperature": 0}
-        try:
-            response = post_with_one_retry(url, body, headers)
-        except httpx.TransportError as error:
-            raise ModelError(f"{label}: {transport_failure(error)}") from error
-        return reply_content(response, label, key)
+        request = chat_request(url, model_name, messages, max_tokens, api_key(api_key_env, label))
+        deadline = time.monotonic() + timeout
+        return with_retries(lambda: attempt(request, deadline, timeout, max_reply_bytes, label),
+                            deadline, on_retry, label)
 
     return model
 
 SPEC_USAGE = "use scripted:FILE.json, replay:JOURNAL, echo, openai:MODEL@URL or ollama:MODEL"
 
 
+def has_valid_port(parts):
+    """Whether the split URL `parts` has no port, or one from 1 to 65535."""
+    try:
+        return parts.port != 0
+    except ValueError:  # not a number, or out of range
+        return False
+
+
 def openai_target(rest, spec):
-    """Split the MODEL@URL of an openai spec; refuses a missing model or a non-HTTP URL."""
+    """Split the MODEL@URL of an openai spec.
+
+    Refuses a missing model, and a URL that is not HTTP, has no host, has a
+    bad port, or carries a user name or password.
+    """
     model_name, _, base_url = rest.partition("@")
-    if not model_name or not base_url.startswith(("http://", "https://")):
+    parts = urlsplit(base_url)
+    if not (model_name and parts.scheme in ("http", "https") and parts.hostname
+            and "@" not in parts.netloc and has_valid_port(parts)):
         raise ValueError(f"malformed model spec {spec!r}; {SPEC_USAGE}")
     return model_name, base_url
 
-def model_from_spec(spec, api_key_env=None, used=0):
+def model_from_spec(spec, api_key_env=None, used=0, *, timeout=DEFAULT_TIMEOUT,
+                    max_reply_bytes=DEFAULT_MAX_REPLY_BYTES, max_tokens=DEFAULT_MAX_TOKENS,
+                    on_retry=print_retry):
     """Build the model a spec string names; a list-backed one starts after `used` replies.
 
-    Refuses an unknown spec with ValueError naming the kinds there are;
-    `api_key_env` matters only to the HTTP models.
+    Refuses an unknown spec, or limits no call could keep, with ValueError;
+    `api_key_env`, the limits and `on_retry` matter only to the HTTP models.
     """
     kind, _, rest = spec.partition(":")
+    http_options = {"timeout": timeout, "max_reply_bytes": max_reply_bytes,
+                    "max_tokens": max_tokens, "on_retry": on_retry}
     if spec == "echo":
         return echo_model
     if kind == "scripted" and rest:
@@ -188,7 +347,7 @@ def model_from_spec(spec, api_key_env=None, used=0):
     if kind == "replay" and rest:
         return replay_model(Path(rest), used)
     if kind == "openai":
-        return openai_model(*openai_target(rest, spec), api_key_env)
+        return openai_model(*openai_target(rest, spec), api_key_env, **http_options)
     if kind == "ollama" and rest:
-        return openai_model(rest, OLLAMA_BASE_URL, api_key_env)
+        return openai_model(rest, OLLAMA_BASE_URL, api_key_env, **http_options)
     raise ValueError(f"unknown model spec {spec!r}; {SPEC_USAGE}")
