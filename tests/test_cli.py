@@ -13,6 +13,7 @@ from mlplcode.journal import read_events
 
 from conftest import require_tool
 
+
 REPLIES = [
     "READ calc.py",
     "READ test_calc.py",
@@ -179,17 +180,23 @@ def test_the_demo_replays_the_example_to_done_and_leaves_it_untouched(capsys):
     assert after == before
 
 
-def test_a_model_server_that_is_down_stops_the_run_with_error_and_keeps_the_journal(project, tmp_path, capsys):
+def test_a_model_server_that_is_down_stops_the_run_with_error_and_keeps_the_journal(project, tmp_path, capsys,
+                                                                                     monkeypatch):
+    monkeypatch.setattr("mlplcode.models.RETRY_BACKOFF", 0.01)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     journal = str(tmp_path / "run.jsonl")
     status = main(["run", "Add mul", "--root", project, "--model", f"openai:m@http://127.0.0.1:{port}/v1",
                    "--journal", journal])
-    out = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    out = captured.out.splitlines()
     assert status == 1 and out[-1] == "stop: error"
-    assert "connection failed" in out[-2]
+    assert "connection" in out[-2] and "(after 3 retries)" in out[-2]
     assert not [line for line in out if line.startswith("step")]
+    assert [line.split("; ")[-1] for line in captured.err.splitlines()] == [
+        "retry 1 of 3 in 0.01 s", "retry 2 of 3 in 0.02 s", "retry 3 of 3 in 0.04 s"]
+    assert read_events(journal)[0]["model_options"] == {"timeout": 600.0}
     events = read_events(journal)
     assert [e["type"] for e in events] == ["start", "stop"]
     assert events[-1]["reason"] == "error"

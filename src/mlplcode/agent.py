@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from . import loop
 from .journal import (DEFAULT_BUDGET, State, append_event, apply, cut_torn_line, fold,
                       read_events, snapshot, sync_journal, waiting_step)
-from .models import model_from_spec
+from .models import lasting_spec, model_from_spec
 from .policy import DEFAULT_POLICY, whole_policy
 from .prompt import Rendered, build_context
 from .show import as_html, as_markdown, as_text, report_views
@@ -58,25 +58,24 @@ class Agent:
 
     @classmethod
     def start(cls, task, root, model, journal=None, budget=DEFAULT_BUDGET, policy=DEFAULT_POLICY,
-              api_key_env=None, on_event=None):
+              model_options=None, on_event=None, on_retry=None):
         """Start a new run and return its Agent; refuses, before anything is written, a root
         that is not a directory, a journal that exists or lies in the root, and a model spec
         that names no model."""
         if not os.path.isdir(root):
             raise ValueError(f"{root}: not a directory")
-        run = new_run_id()
+        run, options = new_run_id(), model_options or {}
         journal = journal_path(journal, root, run)
-        options = {"api_key_env": api_key_env} if api_key_env else {}
         model_from_spec(model, **options)
         os.makedirs(os.path.dirname(journal), exist_ok=True)
         append_event(journal, {"type": "start", "task": task, "budget": budget, "policy": policy,
-                               "model": model, "model_options": options,
+                               "model": lasting_spec(model), "model_options": options,
                                "root": os.path.realpath(root), "run": run})
-        return cls(journal, on_event)
+        return cls(journal, on_event, on_retry)
 
-    def __init__(self, journal, on_event=None):
+    def __init__(self, journal, on_event=None, on_retry=None):
         """The run recorded in JOURNAL, taken up where it stopped."""
-        self.journal, self.on_event = os.path.abspath(journal), on_event
+        self.journal, self.on_event, self.on_retry = os.path.abspath(journal), on_event, on_retry
         cut_torn_line(self.journal)
         self.load()
 
@@ -93,8 +92,9 @@ class Agent:
             if not os.path.isdir(self.root):
                 raise ValueError(f"{self.journal}: the run's project {self.root} is gone")
             self.project = open_project(self.root)
+            retry = {"on_retry": self.on_retry} if self.on_retry else {}
             self.model = model_from_spec(self.model_spec, used=len(self.state.steps),
-                                         **start["model_options"])
+                                         **start["model_options"], **retry)
 
     def record(self, event):
         """Append EVENT to the journal, flushed, then apply it to the state and tell the watcher."""

@@ -8,7 +8,7 @@ import tempfile
 
 from .export import DEFAULT_DIRECTORY, command_export
 from .journal import DEFAULT_BUDGET
-from .models import ModelError
+from .models import DEFAULT_TIMEOUT, SPEC_KINDS, ModelError
 from .trust import visible
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
@@ -51,10 +51,14 @@ def command_run(args):
     from .agent import Agent
     from .policy import DEFAULT_POLICY, load_policy
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
+    options = {"timeout": args.timeout, **({"api_key_env": args.api_key_env} if args.api_key_env else {})}
     agent = Agent.start(args.task, existing_directory(args.root), args.model, journal=args.journal,
-                        budget=args.budget, policy=policy, api_key_env=args.api_key_env,
-                        on_event=print_event)
+                        budget=args.budget, policy=policy, model_options=options,
+                        on_event=print_event, on_retry=print_retry)
     return drive(agent, decider(args))
+
+def print_retry(line):
+    print(visible(line), file=sys.stderr, flush=True)
 
 def decider(args):
     """Who answers an ask: --yes, --no, the person at the terminal, or no one (a no)."""
@@ -75,7 +79,7 @@ def replay(journal, root, output=None):
     from .journal import read_events
     recorded = read_events(journal)
     start = recorded[0]
-    agent = Agent.start(start["task"], root, "replay:" + os.path.abspath(journal), journal=output,
+    agent = Agent.start(start["task"], root, "replay:" + journal, journal=output,
                         budget=start["budget"], policy=start["policy"], on_event=print_event)
     status = drive(agent, replayed_decisions(recorded))
     return status, recorded, agent.events
@@ -93,7 +97,7 @@ CLI_WORDS = {"start": "mlplcode run", "step": "mlplcode resume", "decide": "mlpl
 
 def command_resume(args):
     from .agent import Agent, AgentError
-    agent = Agent(args.journal, on_event=print_event)
+    agent = Agent(args.journal, on_event=print_event, on_retry=print_retry)
     try:
         agent.resume()
     except AgentError as error:
@@ -146,7 +150,7 @@ def build_parser():
     run_parser.add_argument("task", metavar="TASK", help="what the agent should do")
     run_parser.add_argument("--root", required=True, metavar="DIR", help="the project directory")
     run_parser.add_argument("--model", required=True, metavar="SPEC",
-                            help="scripted:FILE.json, replay:JOURNAL, echo, openai:MODEL@URL or ollama:MODEL")
+                            help=SPEC_KINDS)
     run_parser.add_argument("--journal", metavar="FILE",
                             help="write the run's events to FILE, outside the root (default: a new file"
                             " in $XDG_STATE_HOME/mlplcode/runs)")
@@ -154,6 +158,9 @@ def build_parser():
                             help=f"at most N model turns (default {DEFAULT_BUDGET})")
     run_parser.add_argument("--policy", metavar="FILE", help="a JSON policy, e.g. {\"write\": \"allow\"}")
     run_parser.add_argument("--api-key-env", metavar="VAR", help="read the API key from environment variable VAR")
+    run_parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="S",
+                            help=f"at most S seconds for each model call, retries included"
+                            f" (default {DEFAULT_TIMEOUT:g})")
     add_answers(run_parser)
     run_parser.set_defaults(handler=command_run)
     replay_parser = commands.add_parser("replay", help="drive the loop again with a journal's replies",
@@ -194,6 +201,15 @@ def add_answers(parser):
     answers.add_argument("--yes", action="store_true", help="approve every ask")
     answers.add_argument("--no", action="store_true",
                          help="decline every ask, which ends the run (the default without a terminal)")
+
+def seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 86400")
+    return value
 
 def positive(text):
     if not text.isdigit() or int(text) < 1:

@@ -12,14 +12,15 @@ from ipykernel.kernelbase import Kernel
 from . import __version__
 from .agent import Agent, AgentError
 from .journal import DEFAULT_BUDGET, read_events, waiting_step
-from .models import ModelError, model_from_spec
+from .models import SPEC_KINDS, ModelError, model_from_spec
 from .policy import DEFAULT_POLICY, merge_policy
 from .show import as_text, bundle, note_view, policy_view, prompt_view, state_view
 from .transcript import save, transcript_view
+from .trust import visible
 
 COMMANDS = {
     "root": ("DIR | --copy DIR", "the project the next run works on; --copy: a fresh copy of DIR in a new temporary directory"),
-    "model": ("SPEC", "the next run's model: scripted:FILE.json, replay:JOURNAL, echo, openai:MODEL@URL or ollama:MODEL"),
+    "model": ("SPEC", f"the next run's model: {SPEC_KINDS}"),
     "budget": ("N", "the next run takes at most N model turns"),
     "policy": ("CATEGORY=VERDICT ...", "change the next run's policy, e.g. write=ask run=allow"),
     "task": ("TEXT", "start a run with TEXT as its task (%%task: the task is the rest of the cell)"),
@@ -145,6 +146,10 @@ class MlplcodeKernel(Kernel):
         if not self.silent:
             self.send_response(self.iopub_socket, "stream", {"name": "stdout", "text": text + "\n"})
 
+    def warn(self, text):
+        if not self.silent:
+            self.send_response(self.iopub_socket, "stream", {"name": "stderr", "text": visible(text) + "\n"})
+
     def show_report(self, report):
         for kind, number, view in report.views(KERNEL_WORDS):
             self.show(view, kind, number)
@@ -185,7 +190,8 @@ class MlplcodeKernel(Kernel):
             if self.settings[name] is None:
                 raise UsageError(f"no {name} for the run yet: use %{name} {COMMANDS[name][0]} first")
         self.agent = Agent.start(argument, self.settings["root"], self.settings["model"],
-                                 budget=self.settings["budget"], policy=self.settings["policy"])
+                                 budget=self.settings["budget"], policy=self.settings["policy"],
+                                 on_retry=self.warn)
         self.show(self.state_view(), "task")
 
     def current(self):
@@ -222,7 +228,7 @@ class MlplcodeKernel(Kernel):
 
     def command_resume(self, argument):
         if argument:
-            self.agent = Agent(argument)
+            self.agent = Agent(argument, on_retry=self.warn)
         if self.current().state.stop is None or self.agent.state.stop["reason"] == "interrupted":
             self.agent.resume()
         self.show(self.state_view(), "state")

@@ -305,7 +305,8 @@ def openai_model(model_name, base_url, api_key_env, timeout, max_reply_bytes, ma
 
     return model
 
-SPEC_USAGE = "use scripted:FILE.json, replay:JOURNAL, echo, openai:MODEL@URL or ollama:MODEL"
+SPEC_KINDS = "scripted:FILE.json, replay:JOURNAL, echo, openai:MODEL@URL or ollama:MODEL"
+SPEC_USAGE = f"use {SPEC_KINDS}"
 
 
 def has_valid_port(parts):
@@ -351,3 +352,10 @@ def model_from_spec(spec, api_key_env=None, used=0, *, timeout=DEFAULT_TIMEOUT,
     if kind == "ollama" and rest:
         return openai_model(rest, OLLAMA_BASE_URL, api_key_env, **http_options)
     raise ValueError(f"unknown model spec {spec!r}; {SPEC_USAGE}")
+
+def lasting_spec(spec):
+    """SPEC as a journal keeps it: a scripted or replay file named by its absolute path."""
+    kind, _, rest = spec.partition(":")
+    if kind in ("scripted", "replay") and rest:
+        return f"{kind}:{os.path.abspath(rest)}"
+    return spec
