@@ -66,22 +66,22 @@ class Agent:
             raise ValueError(f"{root}: not a directory")
         run, options = new_run_id(), model_options or {}
         journal = journal_path(journal, root, run)
-        model_from_spec(model, **options)
+        built = model_from_spec(model, **options, **({"on_retry": on_retry} if on_retry else {}))
         os.makedirs(os.path.dirname(journal), exist_ok=True)
         append_event(journal, {"type": "start", "task": task, "budget": budget, "policy": policy,
                                "model": lasting_spec(model), "model_options": options,
                                "root": os.path.realpath(root), "run": run})
-        return cls(journal, on_event, on_retry)
+        return cls(journal, on_event, on_retry, model=built)
 
-    def __init__(self, journal, on_event=None, on_retry=None):
+    def __init__(self, journal, on_event=None, on_retry=None, model=None):
         """The run recorded in JOURNAL, taken up where it stopped."""
         self.journal, self.on_event, self.on_retry = os.path.abspath(journal), on_event, on_retry
         cut_torn_line(self.journal)
-        self.load()
+        self.load(model)
 
-    def load(self):
+    def load(self, model=None):
         """Become what the journal says: its events and their state, and, if the run can go on,
-        its project and a model past the replies used."""
+        its project and a model past the replies used (MODEL, when one was just built)."""
         self.events = read_events(self.journal)
         self.state = fold(self.events)
         start = self.state.start
@@ -93,8 +93,8 @@ class Agent:
                 raise ValueError(f"{self.journal}: the run's project {self.root} is gone")
             self.project = open_project(self.root)
             retry = {"on_retry": self.on_retry} if self.on_retry else {}
-            self.model = model_from_spec(self.model_spec, used=len(self.state.steps),
-                                         **start["model_options"], **retry)
+            self.model = model or model_from_spec(self.model_spec, used=len(self.state.steps),
+                                                  **start["model_options"], **retry)
 
     def record(self, event):
         """Append EVENT to the journal, flushed, then apply it to the state and tell the watcher."""

@@ -6,15 +6,17 @@ from dataclasses import dataclass, field, replace
 DEFAULT_BUDGET = 20
 
 def append_event(path, event):
-    """Append EVENT to the journal at PATH as one line, written whole and flushed.
+    """Append EVENT to the journal at PATH as one line, in one write call.
 
-    One write call per event: a crash loses at most the event being written,
-    never one already reported.
+    A crash loses at most the event being written, never one already reported.
     """
-    line = json.dumps(event, ensure_ascii=False, sort_keys=True) + "\n"
-    with open(path, "a", encoding="utf-8") as journal:
-        journal.write(line)
-        journal.flush()
+    line = (json.dumps(event, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        while line:
+            line = line[os.write(descriptor, line):]
+    finally:
+        os.close(descriptor)
 
 def sync_journal(path):
     """Put every event appended to the journal at PATH on the disk."""

@@ -27,7 +27,7 @@ def step(state, model, project, record, rendered=None):
         record(stop("budget", f"all {state.budget} steps used"))
         return project
     try:
-        reply = model(build_context(state, rendered))
+        reply = model(build_context(state, rendered) if getattr(model, "reads_prompt", True) else [])
     except ModelError as error:
         record(stop("error", str(error)))
         return project

@@ -1,11 +1,8 @@
 """Models: functions from chat messages to reply text, built from a spec string."""
-import http.client
 import io
 import json
 import os
 import re
-import socket
-import ssl
 import sys
 import time
 from pathlib import Path
@@ -41,6 +38,7 @@ def model_from_replies(replies, kind, used=0):
         used += 1
         return replies[used - 1]
 
+    model.reads_prompt = False
     return model
 
 def read_text(path, label):
@@ -164,6 +162,8 @@ class DeadlineReader(io.RawIOBase):
 
 def open_socket(parts, deadline):
     """A socket connected to the host of the split URL `parts`, in TLS for https, before `deadline`."""
+    import socket
+    import ssl
     port = parts.port or (443 if parts.scheme == "https" else 80)
     sock = socket.create_connection((parts.hostname, port), timeout=time_left(deadline))
     if parts.scheme == "https":
@@ -184,6 +184,7 @@ def post(request, deadline, limit):
     Raises OSError or http.client.HTTPException when no whole answer came:
     a refused or broken connection, the deadline, a malformed answer.
     """
+    import http.client
     parts = urlsplit(request.url)
     with open_socket(parts, deadline) as sock:
         sender = http.client.HTTPConnection(parts.netloc)
@@ -249,6 +250,7 @@ def attempt(request, deadline, timeout, max_reply_bytes, label):
     Every other failure is a ModelError: the deadline passed, the body is
     over `max_reply_bytes`, or the answer is not a chat reply.
     """
+    import http.client
     try:
         status, retry_after, body = post(request, deadline, max_reply_bytes + 1)
     except ConnectionError as error:
