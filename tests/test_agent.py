@@ -200,3 +200,11 @@ def test_a_report_shows_itself_as_html_markdown_and_text(agent):
     text = repr(report)
     assert text.startswith("step 1: READ calc.py\n")
     assert text.endswith("waiting: approve() or deny(reason)")
+
+
+def test_every_committed_journal_opens_with_agent():
+    from mlplcode.cli import EXAMPLES
+    journals = [os.path.join(EXAMPLES, name) for name in os.listdir(EXAMPLES) if name.endswith(".jsonl")]
+    assert journals
+    for journal in journals:
+        assert Agent(journal).state.stop["reason"] == "done", journal

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from mlplcode import Agent
+
 from conftest import require_tool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -360,6 +362,8 @@ def test_org_file_steps_the_agent(sessions):
     assert "patched calc.py" in approve
     assert "def mul(a, b):" in (sessions.cwd / "add" / "calc.py").read_text()
     assert re.search(r"steps: 3\b", state), state
+    journal = re.search(r"journal: (\S+)", state).group(1)
+    assert Agent(journal).state.steps[2].approved is True  # the journal babel's kernel wrote opens with Agent
     # An approve with nothing waiting is an error: its text is the result, and the run goes on.
     assert "nothing is waiting for a decision" in nothing
     assert "the block ended in an error" in emacs.stderr
