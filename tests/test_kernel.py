@@ -243,7 +243,7 @@ def test_an_interrupt_stops_the_run_and_resume_takes_it_up(project, tmp_path, sl
     kernel = Kernel(tmp_path, env=env)
     try:
         url = f"http://127.0.0.1:{slow_server.server_port}/v1"
-        kernel.ok(f"%root {project}\n%model openai:slow@{url}\n%task Add mul")
+        kernel.ok(f"%root {project}\n%model openai:slow@{url} --grammar none --context 4096\n%task Add mul")
         kernel.client.execute("%step")
         assert slow_server.asked.wait(TIMEOUT)
         interrupted = time.monotonic()

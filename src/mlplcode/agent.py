@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from . import loop
 from .journal import (DEFAULT_BUDGET, State, append_event, apply, cut_torn_line, fold,
                       read_events, snapshot, sync_journal, waiting_step)
-from .models import lasting_spec, model_from_spec
+from .models import lasting_spec, model_from_spec, settled_options
 from .policy import DEFAULT_POLICY, whole_policy
 from .prompt import Rendered, build_context
 from .show import as_html, as_markdown, as_text, report_views
@@ -64,7 +64,7 @@ class Agent:
         that names no model."""
         if not os.path.isdir(root):
             raise ValueError(f"{root}: not a directory")
-        run, options = new_run_id(), model_options or {}
+        run, options = new_run_id(), settled_options(model, model_options or {})
         journal = journal_path(journal, root, run)
         built = model_from_spec(model, **options, **({"on_retry": on_retry} if on_retry else {}))
         os.makedirs(os.path.dirname(journal), exist_ok=True)

@@ -8,7 +8,7 @@ import tempfile
 
 from .export import DEFAULT_DIRECTORY, command_export
 from .journal import DEFAULT_BUDGET
-from .models import DEFAULT_TIMEOUT, SPEC_KINDS, ModelError
+from .models import DEFAULT_TIMEOUT, GRAMMAR_CHOICES, SPEC_KINDS, ModelError
 from .trust import visible
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
@@ -51,7 +51,9 @@ def command_run(args):
     from .agent import Agent
     from .policy import DEFAULT_POLICY, load_policy
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
-    options = {"timeout": args.timeout, **({"api_key_env": args.api_key_env} if args.api_key_env else {})}
+    options = {"timeout": args.timeout, "grammar": args.grammar,
+               **({"api_key_env": args.api_key_env} if args.api_key_env else {}),
+               **({"context": args.context} if args.context else {})}
     agent = Agent.start(args.task, existing_directory(args.root), args.model, journal=args.journal,
                         budget=args.budget, policy=policy, model_options=options,
                         on_event=print_event, on_retry=print_retry)
@@ -114,6 +116,11 @@ def command_demo(args):
         status, _, _ = replay(journal, root, os.path.join(scratch, "demo.jsonl"))
     return status
 
+def command_grammar(args):
+    from .grammar import grammar_text
+    sys.stdout.write(grammar_text(args.format))
+    return 0
+
 def kernelspec():
     """The kernel.json that starts the mlplcode kernel with this very Python."""
     return {"argv": [sys.executable, "-m", "mlplcode.kernel", "-f", "{connection_file}"],
@@ -161,6 +168,12 @@ def build_parser():
     run_parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="S",
                             help=f"at most S seconds for each model call, retries included"
                             f" (default {DEFAULT_TIMEOUT:g})")
+    run_parser.add_argument("--context", type=positive, metavar="TOKENS",
+                            help="the model's context window (default: what the server says, else"
+                            " chapter Compaction's default)")
+    run_parser.add_argument("--grammar", choices=GRAMMAR_CHOICES, default="auto",
+                            help="constrain the model's replies to the protocol's grammar, in the"
+                            " notation its server takes (default auto: when the server is known to)")
     add_answers(run_parser)
     run_parser.set_defaults(handler=command_run)
     replay_parser = commands.add_parser("replay", help="drive the loop again with a journal's replies",
@@ -187,6 +200,12 @@ def build_parser():
     where.add_argument("--sys-prefix", action="store_true", help=f"in this Python environment ({sys.prefix})")
     where.add_argument("--prefix", metavar="DIR", help="under DIR/share/jupyter/kernels")
     install_parser.set_defaults(handler=command_kernel_install)
+    grammar_parser = commands.add_parser("grammar", help="print the protocol's grammar",
+                                         description="Print the protocol's grammar, for constrained"
+                                         " decoding: GBNF (llama.cpp) or Lark (vLLM).")
+    grammar_parser.add_argument("--format", choices=("gbnf", "lark"), default="gbnf",
+                                help="the notation (default gbnf)")
+    grammar_parser.set_defaults(handler=command_grammar)
     export_parser = commands.add_parser("export", help="write the book as HTML, PDF, Markdown and text",
                                         description="Write mlplcode.org as HTML, PDF, Markdown and plain "
                                         "text into DIR; nothing in the book is run.")

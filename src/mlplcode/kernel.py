@@ -20,7 +20,8 @@ from .trust import visible
 
 COMMANDS = {
     "root": ("DIR | --copy DIR", "the project the next run works on; --copy: a fresh copy of DIR in a new temporary directory"),
-    "model": ("SPEC", f"the next run's model: {SPEC_KINDS}"),
+    "model": ("SPEC [--grammar auto|gbnf|lark|none] [--context TOKENS] [--timeout S]",
+              f"the next run's model: {SPEC_KINDS}; the options as for mlplcode run"),
     "budget": ("N", "the next run takes at most N model turns"),
     "policy": ("CATEGORY=VERDICT ...", "change the next run's policy, e.g. write=ask run=allow"),
     "task": ("TEXT", "start a run with TEXT as its task (%%task: the task is the rest of the cell)"),
@@ -100,7 +101,8 @@ class MlplcodeKernel(Kernel):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.settings = {"root": None, "model": None, "budget": DEFAULT_BUDGET, "policy": DEFAULT_POLICY}
+        self.settings = {"root": None, "model": None, "model_options": {}, "budget": DEFAULT_BUDGET,
+                         "policy": DEFAULT_POLICY}
         self.agent = None
         self.silent = False
 
@@ -167,8 +169,16 @@ class MlplcodeKernel(Kernel):
         self.say(f"root: {self.settings['root']}" + (" (a fresh copy)" if copy else ""))
 
     def command_model(self, argument):
-        model_from_spec(argument)
-        self.settings["model"] = argument
+        spec, *words = argument.split()
+        if len(words) % 2 or any(word not in MODEL_OPTIONS for word in words[::2]):
+            raise UsageError(f"%model {COMMANDS['model'][0]}")
+        try:
+            options = {MODEL_OPTIONS[name][0]: MODEL_OPTIONS[name][1](value)
+                       for name, value in zip(words[::2], words[1::2])}
+        except ValueError:
+            raise UsageError(f"%model {COMMANDS['model'][0]}: a number is not a number") from None
+        model_from_spec(spec, **{**options, "grammar": None})
+        self.settings["model"], self.settings["model_options"] = spec, options
         self.say(f"model: {argument}")
 
     def command_budget(self, argument):
@@ -191,7 +201,7 @@ class MlplcodeKernel(Kernel):
                 raise UsageError(f"no {name} for the run yet: use %{name} {COMMANDS[name][0]} first")
         self.agent = Agent.start(argument, self.settings["root"], self.settings["model"],
                                  budget=self.settings["budget"], policy=self.settings["policy"],
-                                 on_retry=self.warn)
+                                 model_options=self.settings["model_options"], on_retry=self.warn)
         self.show(self.state_view(), "task")
 
     def current(self):
@@ -299,6 +309,8 @@ class MlplcodeKernel(Kernel):
         if commands[-1:] == [("task", "")]:
             return {"status": "incomplete", "indent": ""}
         return {"status": "complete"}
+
+MODEL_OPTIONS = {"--grammar": ("grammar", str), "--context": ("context", int), "--timeout": ("timeout", float)}
 
 if __name__ == "__main__":
     IPKernelApp.launch_instance(kernel_class=MlplcodeKernel)

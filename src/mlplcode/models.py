@@ -127,9 +127,11 @@ class ChatRequest(NamedTuple):
     secret: str | None
 
 
-def chat_request(url, model_name, messages, max_tokens, key):
-    """The request that asks the model at `url` for one whole reply to `messages`."""
-    body = {"model": model_name, "messages": messages, "temperature": 0, "max_tokens": max_tokens}
+def chat_request(url, model_name, messages, max_tokens, key, extra):
+    """The request that asks the model at `url` for one whole reply to `messages`.
+
+    EXTRA holds fields that only some servers read, such as a grammar (chapter "The grammar")."""
+    body = {"model": model_name, "messages": messages, "temperature": 0, "max_tokens": max_tokens, **extra}
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -289,18 +291,31 @@ def with_retries(attempt_once, deadline, on_retry, label):
             on_retry(f"{label}: {failure}; retry {retry + 1} of {RETRIES} in {wait:g} s")
             time.sleep(wait)
 
-def openai_model(model_name, base_url, api_key_env, timeout, max_reply_bytes, max_tokens, on_retry):
+def grammar_fields(notation):
+    """The request fields that carry the protocol's grammar in NOTATION, or none for None."""
+    if notation is None:
+        return {}
+    from .grammar import REQUEST_FIELD, grammar_text
+    if notation not in REQUEST_FIELD:
+        raise ValueError(f"grammar {notation!r} is not one of {', '.join(REQUEST_FIELD)}")
+    return {REQUEST_FIELD[notation]: grammar_text(notation)}
+
+def openai_model(model_name, base_url, api_key_env, timeout, max_reply_bytes, max_tokens, on_retry,
+                 grammar):
     """A model served by any OpenAI-compatible chat-completions server, within the limits given.
 
     The key is read from the environment at each call, so it lives in no
-    file, flag or closure; errors carry the spec, never the key.
+    file, flag or closure; errors carry the spec, never the key. GRAMMAR, a
+    notation or None, sends the protocol's grammar in the field that notation's
+    servers read (chapter "The grammar").
     """
     check_limits(timeout, max_reply_bytes, max_tokens)
     label = f"openai:{model_name}@{base_url}"
     url = base_url.rstrip("/") + "/chat/completions"
+    extra = grammar_fields(grammar)
 
     def model(messages):
-        request = chat_request(url, model_name, messages, max_tokens, api_key(api_key_env, label))
+        request = chat_request(url, model_name, messages, max_tokens, api_key(api_key_env, label), extra)
         deadline = time.monotonic() + timeout
         return with_retries(lambda: attempt(request, deadline, timeout, max_reply_bytes, label),
                             deadline, on_retry, label)
@@ -334,15 +349,16 @@ def openai_target(rest, spec):
 
 def model_from_spec(spec, api_key_env=None, used=0, *, timeout=DEFAULT_TIMEOUT,
                     max_reply_bytes=DEFAULT_MAX_REPLY_BYTES, max_tokens=DEFAULT_MAX_TOKENS,
-                    on_retry=print_retry):
+                    on_retry=print_retry, grammar=None, context=None):
     """Build the model a spec string names; a list-backed one starts after `used` replies.
 
     Refuses an unknown spec, or limits no call could keep, with ValueError;
-    `api_key_env`, the limits and `on_retry` matter only to the HTTP models.
+    `api_key_env`, the limits, `on_retry` and `grammar` matter only to the HTTP
+    models, and `context` (the server's context window) only to the agent.
     """
     kind, _, rest = spec.partition(":")
     http_options = {"timeout": timeout, "max_reply_bytes": max_reply_bytes,
-                    "max_tokens": max_tokens, "on_retry": on_retry}
+                    "max_tokens": max_tokens, "on_retry": on_retry, "grammar": grammar}
     if spec == "echo":
         return echo_model
     if kind == "scripted" and rest:
@@ -361,3 +377,67 @@ def lasting_spec(spec):
     if kind in ("scripted", "replay") and rest:
         return f"{kind}:{os.path.abspath(rest)}"
     return spec
+
+PROBE_SECONDS = 3.0
+OLLAMA_SMALLEST_CONTEXT = 2048
+
+
+def fetch_json(url, body=None):
+    """The JSON that a GET of URL (a POST of BODY, when given) answers, or None for any failure."""
+    import http.client
+    parts = urlsplit(url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    try:
+        connection = kind(parts.netloc, timeout=PROBE_SECONDS)
+        try:
+            payload = None if body is None else json.dumps(body).encode()
+            connection.request("GET" if body is None else "POST", parts.path, payload,
+                               {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            data = response.read(DEFAULT_MAX_REPLY_BYTES)
+        finally:
+            connection.close()
+        return json.loads(data) if response.status == 200 else None
+    except (OSError, ValueError, RecursionError, http.client.HTTPException):
+        return None
+
+def probe_server(spec):
+    """What the server of an HTTP SPEC says of itself: {"server", "context"}, or {} for any other."""
+    kind, _, rest = spec.partition(":")
+    if kind == "ollama" and rest:
+        model_name, base_url = rest, OLLAMA_BASE_URL
+    elif kind == "openai":
+        model_name, base_url = openai_target(rest, spec)
+    else:
+        return {}
+    base = base_url.rstrip("/")
+    root = base.removesuffix("/v1")
+    props = fetch_json(root + "/props")
+    if isinstance(props, dict) and isinstance(props.get("default_generation_settings"), dict):
+        return {"server": "llama.cpp", "context": props["default_generation_settings"].get("n_ctx")}
+    listed = fetch_json(base + "/models")
+    cards = listed.get("data") if isinstance(listed, dict) else None
+    card = next((card for card in cards or [] if isinstance(card, dict) and card.get("id") == model_name), None)
+    if card and "max_model_len" in card:
+        return {"server": "vllm", "context": card["max_model_len"]}
+    shown = fetch_json(root + "/api/show", {"model": model_name})
+    if isinstance(shown, dict) and "model_info" in shown:
+        setting = re.search(r"^num_ctx\s+(\d+)", str(shown.get("parameters", "")), re.MULTILINE)
+        return {"server": "ollama", "context": int(setting.group(1)) if setting else OLLAMA_SMALLEST_CONTEXT}
+    return {}
+
+GRAMMAR_OF_SERVER = {"llama.cpp": "gbnf", "vllm": "lark"}
+GRAMMAR_CHOICES = ("auto", "gbnf", "lark", "none")
+
+
+def settled_options(spec, options):
+    """OPTIONS with `grammar` and `context` made definite, asking the server of SPEC if need be."""
+    grammar = options.get("grammar", "auto")
+    if grammar not in GRAMMAR_CHOICES:
+        raise ValueError(f"grammar {grammar!r} is not one of {', '.join(GRAMMAR_CHOICES)}")
+    said = probe_server(spec) if grammar == "auto" or not options.get("context") else {}
+    if grammar == "auto":
+        grammar = GRAMMAR_OF_SERVER.get(said.get("server"), "none")
+    context = options.get("context") or said.get("context")
+    settled = {**options, "grammar": None if grammar == "none" else grammar}
+    return {**settled, "context": context} if isinstance(context, int) and context > 0 else settled
