@@ -265,3 +265,14 @@ def test_an_interrupt_stops_the_run_and_resume_takes_it_up(project, tmp_path, sl
 def test_every_command_has_help():
     for name in COMMANDS:
         assert as_text(help_view(name)).startswith(f"%{name}")
+
+
+def test_compact_folds_the_steps_so_far_into_a_summary(kernel, project, tmp_path):
+    script = tmp_path / "with-summary.json"
+    script.write_text(json.dumps(["READ calc.py", "READ test_calc.py", "calc.py holds add; its test passes."]))
+    kernel.ok(f"%root {project}\n%model scripted:{script}\n%task Look around\n%step 2")
+    shown = kernel.ok("%compact")
+    assert kinds(shown) == ["compact"]
+    assert "steps 1 to 2 are summarized in the prompt" in text(shown)
+    prompt = text(kernel.ok("%show prompt"))
+    assert "SUMMARY OF STEPS 1 TO 2:\n    calc.py holds add; its test passes." in prompt and "ACTION 1" not in prompt

@@ -55,7 +55,7 @@ def server(request):
 
 
 EXPECTED = {"llama.cpp": ("gbnf", 512, "grammar"), "vllm": ("lark", 32768, "guided_grammar"),
-            "ollama": (None, 8192, None), "silent": (None, None, None)}
+            "ollama": (None, 8192, None), "silent": (None, 8192, None)}  # 8192: the default
 
 
 def test_a_run_settles_grammar_and_context_from_its_server_and_sends_the_grammar(server, project, tmp_path):
@@ -63,10 +63,11 @@ def test_a_run_settles_grammar_and_context_from_its_server_and_sends_the_grammar
     agent = Agent.start("t", project, spec, journal=str(tmp_path / "j.jsonl"), budget=1)
     notation, context, field = EXPECTED[server.kind]
     options = agent.state.start["model_options"]
-    assert options["grammar"] == notation and options.get("context") == context
+    assert options["grammar"] == notation and options["context"] == context
+    assert options["max_tokens"] == min(4096, context // 4)
     agent.step()
     [request] = server.requests
-    assert request["max_tokens"] > 0
+    assert request["max_tokens"] == options["max_tokens"]
     if field:
         assert request[field] == grammar_text(notation)
     assert not {"grammar", "guided_grammar"} & set(request) or field
@@ -74,11 +75,12 @@ def test_a_run_settles_grammar_and_context_from_its_server_and_sends_the_grammar
 
 def test_what_the_command_line_says_wins_over_the_server(server):
     spec = f"openai:m@http://127.0.0.1:{server.server_port}/v1"
-    assert settled_options(spec, {"grammar": "none", "context": 4096}) == {"grammar": None, "context": 4096}
+    assert settled_options(spec, {"grammar": "none", "context": 4096}) == {"grammar": None, "context": 4096,
+                                                                           "max_tokens": 1024}
     assert settled_options(spec, {"grammar": "lark"})["grammar"] == "lark"
 
 
 def test_a_model_without_a_server_asks_nothing():
-    assert settled_options("echo", {}) == {"grammar": None}
+    assert settled_options("echo", {}) == {"grammar": None, "context": 8192, "max_tokens": 2048}
     with pytest.raises(ValueError, match="grammar 'ebnf' is not one of"):
         settled_options("echo", {"grammar": "ebnf"})

@@ -5,10 +5,10 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from . import loop
+from . import compaction, loop
 from .journal import (DEFAULT_BUDGET, State, append_event, apply, cut_torn_line, fold,
                       read_events, snapshot, sync_journal, waiting_step)
-from .models import lasting_spec, model_from_spec, settled_options
+from .models import ModelError, lasting_spec, model_from_spec, settled_options
 from .policy import DEFAULT_POLICY, whole_policy
 from .prompt import Rendered, build_context
 from .show import as_html, as_markdown, as_text, report_views
@@ -93,8 +93,8 @@ class Agent:
                 raise ValueError(f"{self.journal}: the run's project {self.root} is gone")
             self.project = open_project(self.root)
             retry = {"on_retry": self.on_retry} if self.on_retry else {}
-            self.model = model or model_from_spec(self.model_spec, used=len(self.state.steps),
-                                                  **start["model_options"], **retry)
+            used = len(self.state.steps) + self.state.compactions
+            self.model = model or model_from_spec(self.model_spec, used=used, **start["model_options"], **retry)
 
     def record(self, event):
         """Append EVENT to the journal, flushed, then apply it to the state and tell the watcher."""
@@ -179,6 +179,18 @@ class Agent:
             raise AgentError(f"the run has stopped ({self.state.stop['reason']}); no model will read a note", "start")
         with self.interruptible():
             self.record({"type": "note", "text": text})
+
+    def compact(self):
+        """Fold every step so far into a summary that stands for them in the prompt."""
+        self.check_can_step()
+        if len(self.state.steps) == self.state.summarized:
+            raise AgentError("there is nothing to compact yet", "step")
+        with self.interruptible():
+            try:
+                compaction.compact(self.state, self.model, self.record, force=True)
+            except ModelError as error:
+                self.record(loop.stop("error", str(error)))
+        return self.report([])
 
     def resume(self):
         """Take up a run that was interrupted or cut short; refuses one that has finished."""

@@ -82,7 +82,8 @@ def replay(journal, root, output=None):
     recorded = read_events(journal)
     start = recorded[0]
     agent = Agent.start(start["task"], root, "replay:" + journal, journal=output,
-                        budget=start["budget"], policy=start["policy"], on_event=print_event)
+                        budget=start["budget"], policy=start["policy"],
+                        model_options=start["model_options"], on_event=print_event)
     status = drive(agent, replayed_decisions(recorded))
     return status, recorded, agent.events
 

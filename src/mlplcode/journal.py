@@ -37,6 +37,7 @@ EVENT_FIELDS = {
     "observation": {"step": int, "ok": bool, "text": str},
     "stop": {"reason": str, "message": str},
     "resume": {},
+    "compact": {"upto": int, "summary": str},
 }
 
 def event_problem(event, index, steps):
@@ -53,6 +54,8 @@ def event_problem(event, index, steps):
         return f"step {event['step']} follows step {steps}"
     if kind in ("action", "verdict", "decision", "observation") and event["step"] != steps:
         return f"a {kind} of step {event['step']} after the reply of step {steps}"
+    if kind == "compact" and not 0 < event["upto"] <= steps:
+        return f"a summary of steps 1 to {event['upto']} after {steps} steps"
     return ""
 
 def read_events(path):
@@ -108,6 +111,9 @@ class State:
     steps: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     seen: set = field(default_factory=set)
+    summary: str = ""
+    summarized: int = 0
+    compactions: int = 0
     stop: dict | None = None
 
 def apply(state, event):
@@ -136,6 +142,9 @@ def apply(state, event):
         state.stop = {"reason": event["reason"], "message": event["message"]}
     elif kind == "resume":
         state.stop = None
+    elif kind == "compact":
+        state.summary, state.summarized = event["summary"], event["upto"]
+        state.compactions += 1
     return state
 
 def fold(events):

@@ -14,7 +14,7 @@ from .agent import Agent, AgentError
 from .journal import DEFAULT_BUDGET, read_events, waiting_step
 from .models import SPEC_KINDS, ModelError, model_from_spec
 from .policy import DEFAULT_POLICY, merge_policy
-from .show import as_text, bundle, note_view, policy_view, prompt_view, state_view
+from .show import as_text, bundle, compact_view, note_view, policy_view, prompt_view, state_view
 from .transcript import save, transcript_view
 from .trust import visible
 
@@ -32,6 +32,7 @@ COMMANDS = {
              " goes on; without one the run ends (denied)"),
     "show": ("state|prompt|transcript|policy|journal", "show how the run stands, or part of it"),
     "save": ("FILE.ipynb|FILE.org|FILE.md", "write the run's transcript, rendered from its journal"),
+    "compact": ("", "fold the steps so far into a summary that stands for them in the prompt"),
     "resume": ("[JOURNAL]", "take up the run recorded in JOURNAL where it stopped; without JOURNAL,"
                " take up this run again after an interrupt"),
     "help": ("[COMMAND]", "list the commands, or explain one"),
@@ -231,6 +232,11 @@ class MlplcodeKernel(Kernel):
     def command_note(self, text):
         self.current().note(text)
         self.show(note_view(text), "note", len(self.agent.state.steps))
+
+    def command_compact(self, argument):
+        self.no_argument("compact", argument)
+        state = self.current().compact().state
+        self.show(compact_view(state.summarized, state.summary), "compact", len(state.steps))
 
     def no_argument(self, name, argument):
         if argument:

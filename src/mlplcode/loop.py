@@ -1,5 +1,6 @@
 """The loop: one step per model turn, every fact recorded as an event."""
 from .commands import command_refusal
+from .compaction import compact, needs_compaction
 from .guards import guard, repeated
 from .journal import waiting_step
 from .models import ModelError
@@ -27,6 +28,8 @@ def step(state, model, project, record, rendered=None):
         record(stop("budget", f"all {state.budget} steps used"))
         return project
     try:
+        if needs_compaction(state, rendered):
+            compact(state, model, record)
         reply = model(build_context(state, rendered) if getattr(model, "reads_prompt", True) else [])
     except ModelError as error:
         record(stop("error", str(error)))

@@ -69,7 +69,9 @@ def replay_model(path, used=0):
         events = read_events(path)
     except (OSError, ValueError) as error:
         raise ModelError(f"replay:{path}: {error}") from error
-    return model_from_replies([e["text"] for e in events if e["type"] == "reply"], "replay", used)
+    replies = [event["text"] if event["type"] == "reply" else event["summary"]
+               for event in events if event["type"] in ("reply", "compact")]
+    return model_from_replies(replies, "replay", used)
 
 DEFAULT_TIMEOUT = 600.0  # seconds for a whole call, retries included
 DEFAULT_MAX_REPLY_BYTES = 2**20  # 1 MiB: the most of an answer's body that is read
@@ -320,6 +322,8 @@ def openai_model(model_name, base_url, api_key_env, timeout, max_reply_bytes, ma
         return with_retries(lambda: attempt(request, deadline, timeout, max_reply_bytes, label),
                             deadline, on_retry, label)
 
+    model.unconstrained = model if grammar is None else openai_model(
+        model_name, base_url, api_key_env, timeout, max_reply_bytes, max_tokens, on_retry, None)
     return model
 
 SPEC_KINDS = "scripted:FILE.json, replay:JOURNAL, echo, openai:MODEL@URL or ollama:MODEL"
@@ -426,18 +430,21 @@ def probe_server(spec):
         return {"server": "ollama", "context": int(setting.group(1)) if setting else OLLAMA_SMALLEST_CONTEXT}
     return {}
 
+DEFAULT_CONTEXT = 8192
 GRAMMAR_OF_SERVER = {"llama.cpp": "gbnf", "vllm": "lark"}
 GRAMMAR_CHOICES = ("auto", "gbnf", "lark", "none")
 
 
 def settled_options(spec, options):
-    """OPTIONS with `grammar` and `context` made definite, asking the server of SPEC if need be."""
-    grammar = options.get("grammar", "auto")
+    """OPTIONS with `grammar`, `context` and `max_tokens` made definite, asking SPEC's server if need be."""
+    grammar = options.get("grammar", "auto") or "none"
     if grammar not in GRAMMAR_CHOICES:
         raise ValueError(f"grammar {grammar!r} is not one of {', '.join(GRAMMAR_CHOICES)}")
     said = probe_server(spec) if grammar == "auto" or not options.get("context") else {}
     if grammar == "auto":
         grammar = GRAMMAR_OF_SERVER.get(said.get("server"), "none")
     context = options.get("context") or said.get("context")
-    settled = {**options, "grammar": None if grammar == "none" else grammar}
-    return {**settled, "context": context} if isinstance(context, int) and context > 0 else settled
+    context = context if isinstance(context, int) and context > 0 else DEFAULT_CONTEXT
+    reply = min(options.get("max_tokens", DEFAULT_MAX_TOKENS), context // 4)
+    return {**options, "grammar": None if grammar == "none" else grammar, "context": context,
+            "max_tokens": reply}

@@ -2,6 +2,7 @@
 from dataclasses import dataclass, field
 from itertools import chain
 
+from .models import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS
 from .protocol import format_action
 from .verbs import VERBS
 
@@ -18,9 +19,6 @@ SYSTEM_PROMPT = (
     + "".join(f"- {rule}\n" for rule in (*PROTOCOL_RULES, *(verb.rule for verb in VERBS if verb.rule)))
 )
 
-OBSERVATION_LIMIT = 4000
-
-
 def cut(text, limit):
     """TEXT, or its head and tail with a marker saying how much was cut."""
     if len(text) <= limit:
@@ -28,29 +26,52 @@ def cut(text, limit):
     half = limit // 2
     return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
 
-def shown_action(step):
-    """An earlier action as the model wrote it: canonical when parsed, raw when not."""
+OBSERVATION_LIMIT = 4000
+CHARS_PER_TOKEN = 3
+SAFETY_MARGIN = 0.1
+
+
+def prompt_budget(state):
+    """The most tokens the prompt may take: the context less the reply's share, less a margin."""
+    options = state.start.get("model_options", {})
+    context = options.get("context", DEFAULT_CONTEXT)
+    reply = options.get("max_tokens", min(DEFAULT_MAX_TOKENS, context // 4))
+    return int((context - reply) * (1 - SAFETY_MARGIN))
+
+
+def shown_limit(state):
+    """The most characters one earlier action or observation takes in the prompt."""
+    return min(OBSERVATION_LIMIT, prompt_budget(state) * CHARS_PER_TOKEN // 4)
+
+def shown_action(step, limit):
+    """An earlier action as the model wrote it: canonical when parsed, raw when not; cut to LIMIT."""
     if "tool" not in step.action:
-        return cut(step.reply, OBSERVATION_LIMIT)
-    return format_action(step.action).rstrip("\n")
+        return cut(step.reply, limit)
+    return cut(format_action(step.action).rstrip("\n"), limit)
 
 REPEAT_NOTE = "NOTE: this reply is identical to your previous one.\n"
 
 
-def shown_observation(observation):
-    """An observation as the model reads it: the repeat note, then the text, cut."""
+def shown_observation(observation, limit):
+    """An observation as the model reads it: the repeat note, then the text, cut to LIMIT."""
     note = REPEAT_NOTE if observation.get("repeat") else ""
-    return note + cut(observation["text"], OBSERVATION_LIMIT)
+    return note + cut(observation["text"], limit)
 
-def segment(state, number, next_note):
-    """The paragraphs of segment NUMBER (0: the task) and the index of the first note after it."""
-    if number == 0:
-        paragraphs = [f"TASK: {state.task}"]
-    else:
-        step = state.steps[number - 1]
-        paragraphs = [f"ACTION {number}:\n{shown_action(step)}"]
-        if step.observation:
-            paragraphs.append(f"OBSERVATION {number}:\n{shown_observation(step.observation)}")
+def opening(state):
+    """The prompt's first paragraphs, and the index of the first note they leave for later steps."""
+    paragraphs = [f"TASK: {state.task}"]
+    if state.summarized:
+        summary = cut(state.summary, shown_limit(state))
+        paragraphs.append(f"SUMMARY OF STEPS 1 TO {state.summarized}:\n{summary}")
+    notes = [text for after, text in state.notes if after <= state.summarized]
+    return paragraphs + [f"NOTE FROM THE HUMAN: {text}" for text in notes], len(notes)
+
+def step_paragraphs(state, number, next_note, limit):
+    """The paragraphs of step NUMBER and its notes, and the index of the first note after them."""
+    step = state.steps[number - 1]
+    paragraphs = [f"ACTION {number}:\n{shown_action(step, limit)}"]
+    if step.observation:
+        paragraphs.append(f"OBSERVATION {number}:\n{shown_observation(step.observation, limit)}")
     while next_note < len(state.notes) and state.notes[next_note][0] == number:
         paragraphs.append(f"NOTE FROM THE HUMAN: {state.notes[next_note][1]}")
         next_note += 1
@@ -58,25 +79,50 @@ def segment(state, number, next_note):
 
 @dataclass
 class Rendered:
-    """The paragraphs of the prompt's final segments, kept from one step to the next."""
-    segments: int = 0
+    """The prompt's final paragraphs and their length, kept from one step to the next."""
+    summarized: int = -1
+    steps: int = 0
     next_note: int = 0
+    chars: int = 0
     paragraphs: list = field(default_factory=list)
+
+def kept(state, rendered):
+    """RENDERED brought up to date with STATE: its opening, and every step but the last."""
+    if rendered.summarized != state.summarized:
+        rendered.paragraphs, rendered.next_note = opening(state)
+        rendered.summarized, rendered.steps = state.summarized, state.summarized
+        rendered.chars = sum(len(paragraph) + 2 for paragraph in rendered.paragraphs)
+    limit = shown_limit(state)
+    while rendered.steps < len(state.steps) - 1:
+        paragraphs, rendered.next_note = step_paragraphs(state, rendered.steps + 1, rendered.next_note, limit)
+        rendered.paragraphs += paragraphs
+        rendered.chars += sum(len(paragraph) + 2 for paragraph in paragraphs)
+        rendered.steps += 1
+    return rendered
+
+def last_paragraphs(state, rendered):
+    """The paragraphs after the kept ones: the last step, if any, and the steps left."""
+    paragraphs = []
+    if rendered.steps < len(state.steps):
+        paragraphs, _ = step_paragraphs(state, len(state.steps), rendered.next_note, shown_limit(state))
+    left = state.budget - len(state.steps)
+    return paragraphs + [f"You have {left} of {state.budget} steps left. Reply with exactly one action."]
+
+
+def prompt_tokens(state, rendered=None):
+    """The estimated tokens of the next prompt."""
+    rendered = kept(state, rendered or Rendered())
+    chars = len(SYSTEM_PROMPT) + rendered.chars + sum(len(p) + 2 for p in last_paragraphs(state, rendered))
+    return chars // CHARS_PER_TOKEN + 1
 
 def build_context(state, rendered=None):
     """The messages for the next model turn: the system prompt, then one user message.
 
-    The user message holds the task, every earlier ACTION/OBSERVATION pair,
-    the human's notes where they were written, and the steps left. RENDERED,
-    when given, keeps the segments that can no longer change between calls.
+    The user message holds the task (and a summary of the earliest steps, once
+    there is one), every later ACTION/OBSERVATION pair, the human's notes where
+    they were written, and the steps left. RENDERED, when given, keeps the
+    paragraphs that can no longer change between calls.
     """
-    rendered = Rendered() if rendered is None else rendered
-    while rendered.segments < len(state.steps):
-        paragraphs, rendered.next_note = segment(state, rendered.segments, rendered.next_note)
-        rendered.paragraphs += paragraphs
-        rendered.segments += 1
-    last, _ = segment(state, len(state.steps), rendered.next_note)
-    left = state.budget - len(state.steps)
-    budget = f"You have {left} of {state.budget} steps left. Reply with exactly one action."
-    return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": "\n\n".join(chain(rendered.paragraphs, last, [budget]))}]
+    rendered = kept(state, rendered or Rendered())
+    user = "\n\n".join(chain(rendered.paragraphs, last_paragraphs(state, rendered)))
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]

@@ -74,6 +74,10 @@ def stop_view(stop):
 def note_view(text):
     return [("block", "note for the model", text)]
 
+def compact_view(upto, summary):
+    return [("line", "compacted", f"steps 1 to {upto} are summarized in the prompt"),
+            ("block", "summary", summary)]
+
 def report_views(state, numbers, words):
     """[(kind, step number, view)] for the steps NUMBERS of STATE, then its ask or its stop."""
     views = [("step", number, step_view(state, state.steps[number - 1])) for number in numbers]

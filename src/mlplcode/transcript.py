@@ -3,7 +3,7 @@ import os
 import re
 
 from .journal import fold, read_events, waiting_step
-from .show import as_markdown, bundle, note_view, step_view, stop_view, waiting_view
+from .show import as_markdown, bundle, compact_view, note_view, step_view, stop_view, waiting_view
 
 TRANSCRIPT_WORDS = {"decide": "a decision on the last step"}
 
@@ -23,6 +23,9 @@ def sections(events):
         text = event.get("text") if event["type"] == "note" else event.get("reason")
         if event["type"] in ("note", "decision") and text:
             result.append(("note", steps, [("title", "", "note from the human")] + note_view(text)))
+        elif event["type"] == "compact":
+            result.append(("compact", steps, [("title", "", "compaction")]
+                           + compact_view(event["upto"], event["summary"])))
         elif event["type"] == "reply":
             steps = event["step"]
             result.append(("step", steps, step_view(state, state.steps[steps - 1])))
@@ -86,6 +89,8 @@ def notebook(events):
             step_cell.source += "\n" + decision_command(event)
         elif event["type"] == "decision":
             cells.append(new_code_cell(decision_command(event)))
+        elif event["type"] == "compact":
+            cells.append(new_markdown_cell(as_markdown(views["compact", number])))
     waiting = waiting_step(state)
     if waiting:
         cells[-1].outputs.append(output("ask", waiting.number, waiting_view({"decide": "%approve or %deny [reason]"})))

@@ -1,0 +1,59 @@
+"""Compaction: a long run's prompt kept within the model's context, by summarizing its oldest steps."""
+from .prompt import (CHARS_PER_TOKEN, prompt_budget, prompt_tokens, shown_action, shown_limit,
+                     shown_observation, step_paragraphs)
+
+def step_chars(state, number, limit):
+    """The characters step NUMBER takes in the prompt, near enough: its action and its observation."""
+    step = state.steps[number - 1]
+    observation = shown_observation(step.observation, limit) if step.observation else ""
+    return len(shown_action(step, limit)) + len(observation) + 40
+
+def fold_point(state, force=False):
+    """The last step the summary will cover: all but the latest steps that fit in half the budget."""
+    if force:
+        return len(state.steps)
+    room, limit = prompt_budget(state) * CHARS_PER_TOKEN // 2, shown_limit(state)
+    upto, size = len(state.steps), 0
+    while upto > state.summarized:
+        size += step_chars(state, upto, limit)
+        if size > room:
+            break
+        upto -= 1
+    return upto if upto > state.summarized else len(state.steps)
+
+SUMMARY_PROMPT = """\
+You are the memory of a coding agent. Below are its task and the earliest steps of its \
+run: each action it took and what the tools answered. The agent will see your summary \
+instead of these steps. Write what it has learned about the project (which files hold \
+what, what the tests say), what it changed, what failed and why, and what is left to \
+do. Write plain notes, not actions, in at most {words} words."""
+
+
+def summary_messages(state, upto):
+    """The messages that ask for a summary of steps 1 to UPTO, cut to fit the prompt's budget."""
+    limit = shown_limit(state)
+    words = limit // 6
+    first_note = sum(1 for after, _ in state.notes if after <= state.summarized)
+    while True:
+        parts, next_note = [f"TASK: {state.task}"], first_note
+        if state.summarized:
+            parts.append(f"SUMMARY OF STEPS 1 TO {state.summarized}:\n{state.summary}")
+        for number in range(state.summarized + 1, upto + 1):
+            paragraphs, next_note = step_paragraphs(state, number, next_note, limit)
+            parts += paragraphs
+        messages = [{"role": "system", "content": SUMMARY_PROMPT.format(words=words)},
+                    {"role": "user", "content": "\n\n".join(parts)}]
+        size = sum(len(message["content"]) for message in messages) // CHARS_PER_TOKEN + 1
+        if size <= prompt_budget(state) or limit <= 100:
+            return messages
+        limit //= 2
+
+def compact(state, model, record, force=False):
+    """Fold the oldest steps of STATE into a summary asked of MODEL, recorded as a compact event."""
+    upto = fold_point(state, force)
+    summary = getattr(model, "unconstrained", model)(summary_messages(state, upto))
+    record({"type": "compact", "upto": upto, "summary": summary})
+
+def needs_compaction(state, rendered=None):
+    """Whether the next prompt would not fit the budget, and there are steps left to fold."""
+    return len(state.steps) > state.summarized and prompt_tokens(state, rendered) > prompt_budget(state)

@@ -1,0 +1,96 @@
+"""Compaction: a long run's prompt stays within the model's context, and the run replays exactly."""
+import contextlib
+import io
+import json
+import os
+import shutil
+
+import pytest
+
+from mlplcode import Agent
+from mlplcode.cli import EXAMPLES, replay
+from mlplcode.compaction import SUMMARY_PROMPT
+from mlplcode.prompt import CHARS_PER_TOKEN, build_context, prompt_budget
+from mlplcode.transcript import markdown
+
+SUMMARY_START = SUMMARY_PROMPT.split(".")[0]
+
+
+class Live:
+    """A model that reads its whole prompt, as a live one does: READs for steps, a short summary when asked."""
+
+    def __init__(self, replies):
+        self.replies, self.prompts, self.summaries = list(replies), [], 0
+
+    def __call__(self, messages):
+        self.prompts.append(messages)
+        if messages[0]["content"].startswith(SUMMARY_START):
+            self.summaries += 1
+            return f"Summary {self.summaries}: calc.py holds add; test_calc.py tests it."
+        return self.replies.pop(0)
+
+
+def tokens(messages):
+    return sum(len(message["content"]) for message in messages) // CHARS_PER_TOKEN + 1
+
+
+@pytest.fixture
+def long_run(project, tmp_path):
+    agent = Agent.start("Read the files again and again", project, "echo", journal=str(tmp_path / "run.jsonl"),
+                        budget=40, model_options={"context": 600})
+    agent.model = Live(["READ calc.py", "READ test_calc.py", "SEARCH add"] * 14)
+    return agent
+
+
+def test_every_prompt_of_a_long_run_fits_its_budget(long_run):
+    long_run.step(5)
+    long_run.note("Keep going.")
+    long_run.run()
+    model, state = long_run.model, long_run.state
+    assert state.stop["reason"] == "budget" and len(state.steps) == 40
+    budget = prompt_budget(state)
+    assert max(tokens(messages) for messages in model.prompts) <= budget
+    assert model.summaries == state.compactions > 1
+    assert [e["type"] for e in long_run.events].count("compact") == state.compactions
+    last = build_context(state)[1]["content"]
+    assert f"SUMMARY OF STEPS 1 TO {state.summarized}:\nSummary {model.summaries}:" in last
+    assert "NOTE FROM THE HUMAN: Keep going." in last  # a note survives every compaction, word for word
+    assert f"ACTION {len(state.steps)}:" in last and "ACTION 1:\n" not in last
+
+
+def test_a_compacted_run_replays_exactly(long_run, tmp_path):
+    long_run.run()
+    fresh = shutil.copytree(os.path.join(EXAMPLES, "add"), str(tmp_path / "fresh"))
+    with contextlib.redirect_stdout(io.StringIO()):
+        status, recorded, replayed = replay(long_run.journal, fresh, str(tmp_path / "again.jsonl"))
+    assert [e for e in replayed[1:]] == recorded[1:]
+    assert any(e["type"] == "compact" for e in replayed)
+
+
+def test_a_compacted_run_is_taken_up_past_its_summaries(long_run, project, tmp_path):
+    long_run.run()
+    calls = [e["text"] if e["type"] == "reply" else e["summary"] for e in long_run.events
+             if e["type"] in ("reply", "compact")]
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(calls))
+    scripted = Agent.start("Read the files again and again", shutil.copytree(project, str(tmp_path / "again")),
+                           f"scripted:{script}", journal=str(tmp_path / "scripted.jsonl"), budget=40,
+                           model_options={"context": 600})
+    scripted.step(12)
+    assert scripted.state.compactions > 0
+    resumed = Agent(scripted.journal)  # its model starts after the replies and the summaries used
+    resumed.run()
+    assert resumed.events[1:] == long_run.events[1:]
+
+
+def test_compact_folds_every_step_at_once_and_the_transcript_shows_it(project, tmp_path):
+    agent = Agent.start("t", project, "echo", journal=str(tmp_path / "j.jsonl"), budget=5)
+    agent.model = Live(["READ calc.py", "READ test_calc.py"])
+    with pytest.raises(Exception, match="nothing to compact yet"):
+        agent.compact()
+    agent.step(2)
+    agent.compact()
+    assert agent.state.summarized == 2 and agent.events[-1]["type"] == "compact"
+    prompt = agent.prompt()[1]["content"]
+    assert prompt.startswith("TASK: t\n\nSUMMARY OF STEPS 1 TO 2:\nSummary 1:") and "ACTION" not in prompt
+    assert "steps 1 to 2 are summarized in the prompt" in markdown(agent.events)
