@@ -106,5 +106,5 @@ def test_a_damaged_or_forged_journal_is_refused_naming_its_line(tmp_path, lines,
 def test_an_empty_journal_is_refused(tmp_path):
     path = tmp_path / "run.jsonl"
     path.write_text("")
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match="no start event"):
         read_events(str(path))

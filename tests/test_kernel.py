@@ -276,3 +276,14 @@ def test_compact_folds_the_steps_so_far_into_a_summary(kernel, project, tmp_path
     assert "steps 1 to 2 are summarized in the prompt" in text(shown)
     prompt = text(kernel.ok("%show prompt"))
     assert "SUMMARY OF STEPS 1 TO 2:\n    calc.py holds add; its test passes." in prompt and "ACTION 1" not in prompt
+
+
+def test_fork_makes_the_branch_the_run_and_show_tree_draws_both(kernel, project, replies):
+    kernel.ok(f"%root {project}\n%model scripted:{replies}\n%task Add mul\n%step 3\n%approve")
+    parent = journal_of(kernel)
+    assert kinds(kernel.ok("%fork 3")) == ["state"]
+    branch = journal_of(kernel)
+    assert branch != parent
+    assert text(kernel.ok("%step")).endswith("waiting: %approve or %deny [reason]")  # step 3 asks again
+    tree = text(kernel.ok("%show tree"))
+    assert f"parent: {parent} (branched before step 3)" in tree and f"this run: {branch}" in tree

@@ -192,6 +192,12 @@ class Agent:
                 self.record(loop.stop("error", str(error)))
         return self.report([])
 
+    def fork(self, at, journal=None):
+        """A new run that takes this one up as it stood before step AT, in a copy of its project."""
+        from .branch import fork
+        sync_journal(self.journal)
+        return Agent(fork(self.journal, at, journal)[0], self.on_event, self.on_retry)
+
     def resume(self):
         """Take up a run that was interrupted or cut short; refuses one that has finished."""
         stopped = self.state.stop

@@ -80,16 +80,20 @@ def replay(journal, root, output=None):
     from .agent import Agent
     from .journal import read_events
     recorded = read_events(journal)
-    start = recorded[0]
+    start = next(event for event in recorded if event["type"] == "start")
     agent = Agent.start(start["task"], root, "replay:" + journal, journal=output,
                         budget=start["budget"], policy=start["policy"],
                         model_options=start["model_options"], on_event=print_event)
     status = drive(agent, replayed_decisions(recorded))
     return status, recorded, agent.events
 
+def after_start(events):
+    """The events of a run after its start event (and the branch event before it, for a branch)."""
+    return events[[event["type"] for event in events].index("start") + 1:]
+
 def command_replay(args):
     status, recorded, events = replay(args.journal, existing_directory(args.root), args.output)
-    same = recorded[1:] == events[1:]
+    same = after_start(recorded) == after_start(events)
     print("replay: the events are the same as the journal's" if same
           else "replay: the events differ from the journal's")
     return status if same else 1
@@ -106,6 +110,17 @@ def command_resume(args):
     except AgentError as error:
         raise ValueError(error.said(CLI_WORDS)) from None
     return drive(agent, decider(args))
+
+def command_fork(args):
+    from .branch import fork
+    journal, root, untold = fork(args.journal, args.at, args.to)
+    print(f"branch: {journal}")
+    print(f"root: {root} (a copy, with the files as they were before step {args.at})")
+    if untold:
+        print(f"warning: step(s) {', '.join(map(str, untold))} ran tests, which may have changed files"
+              " the journal does not record; the copy has them as they are now")
+    print(f"go on with: mlplcode resume {journal}")
+    return 0
 
 def command_demo(args):
     project, journal = os.path.join(EXAMPLES, "add"), os.path.join(EXAMPLES, "add.journal.jsonl")
@@ -188,6 +203,14 @@ def build_parser():
     resume_parser.add_argument("journal", metavar="JOURNAL")
     add_answers(resume_parser)
     resume_parser.set_defaults(handler=command_resume)
+    fork_parser = commands.add_parser("fork", help="branch a run before one of its steps",
+                                      description="Start a new run that takes up JOURNAL as it stood before"
+                                      " step N, in a copy of its project.")
+    fork_parser.add_argument("journal", metavar="JOURNAL")
+    fork_parser.add_argument("--at", type=positive, required=True, metavar="N", help="the step to branch before")
+    fork_parser.add_argument("--journal", dest="to", metavar="NEW",
+                             help="the branch's journal (default: a new file in the state directory)")
+    fork_parser.set_defaults(handler=command_fork)
     demo_parser = commands.add_parser("demo", help="replay the example run on a fresh copy of examples/add",
                                       description="Replay the committed example run on a fresh copy of examples/add.")
     demo_parser.set_defaults(handler=command_demo)

@@ -38,18 +38,24 @@ EVENT_FIELDS = {
     "stop": {"reason": str, "message": str},
     "resume": {},
     "compact": {"upto": int, "summary": str},
+    "branch": {"parent": str, "sha256": str, "at": int},
 }
 
-def event_problem(event, index, steps):
-    """What is wrong with EVENT, the INDEX-th of a journal that has seen STEPS replies, or ""."""
+def event_problem(event, index, steps, start_index=0):
+    """What is wrong with EVENT, the INDEX-th of a journal that has seen STEPS replies, or "".
+
+    START_INDEX is where the start event must be: 1 after a branch event, else 0.
+    """
     if not isinstance(event, dict) or event.get("type") not in EVENT_FIELDS:
         return "not an event"
     kind = event["type"]
     for name, expected in EVENT_FIELDS[kind].items():
         if type(event.get(name)) is not expected:
             return f"a {kind} event needs {name} ({expected.__name__})"
-    if (kind == "start") != (index == 0):
-        return "a journal has one start event, on its first line"
+    if kind == "branch" and index != 0:
+        return "a branch event is the first line of a journal"
+    if kind != "branch" and (kind == "start") != (index == start_index):
+        return "a journal has one start event, on its first line (its second, after a branch event)"
     if kind == "reply" and event["step"] != steps + 1:
         return f"step {event['step']} follows step {steps}"
     if kind in ("action", "verdict", "decision", "observation") and event["step"] != steps:
@@ -73,13 +79,14 @@ def read_events(path):
             raise ValueError(f"{path}: line {number}: not JSON ({error.msg})") from None
         except RecursionError:
             raise ValueError(f"{path}: line {number}: nested too deeply to be an event") from None
-        problem = event_problem(event, len(events), steps)
+        start_index = 1 if events and events[0]["type"] == "branch" else 0
+        problem = event_problem(event, len(events), steps, start_index)
         if problem:
             raise ValueError(f"{path}: line {number}: {problem}")
         steps += event["type"] == "reply"
         events.append(event)
-    if not events:
-        raise ValueError(f"{path}: empty; a journal starts with a start event")
+    if not any(event["type"] == "start" for event in events):
+        raise ValueError(f"{path}: no start event; a journal starts with one")
     return events
 
 def cut_torn_line(path):
@@ -115,6 +122,7 @@ class State:
     summarized: int = 0
     compactions: int = 0
     stop: dict | None = None
+    branch: dict | None = None
 
 def apply(state, event):
     """Change STATE by one EVENT, and return it: the meaning of every event, in one place."""
@@ -145,6 +153,8 @@ def apply(state, event):
     elif kind == "compact":
         state.summary, state.summarized = event["summary"], event["upto"]
         state.compactions += 1
+    elif kind == "branch":
+        state.branch = {"parent": event["parent"], "at": event["at"]}
     return state
 
 def fold(events):

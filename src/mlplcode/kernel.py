@@ -30,14 +30,15 @@ COMMANDS = {
     "approve": ("", "carry out the action that waits for a decision"),
     "deny": ("[REASON]", "decline the action that waits: with a REASON the model reads it and the run"
              " goes on; without one the run ends (denied)"),
-    "show": ("state|prompt|transcript|policy|journal", "show how the run stands, or part of it"),
+    "show": ("state|prompt|transcript|policy|journal|tree", "show how the run stands, or part of it"),
     "save": ("FILE.ipynb|FILE.org|FILE.md", "write the run's transcript, rendered from its journal"),
     "compact": ("", "fold the steps so far into a summary that stands for them in the prompt"),
+    "fork": ("N", "branch the run before its step N, in a copy of its project; the branch becomes the run"),
     "resume": ("[JOURNAL]", "take up the run recorded in JOURNAL where it stopped; without JOURNAL,"
                " take up this run again after an interrupt"),
     "help": ("[COMMAND]", "list the commands, or explain one"),
 }
-SHOW_TOPICS = ("state", "prompt", "transcript", "policy", "journal")
+SHOW_TOPICS = ("state", "prompt", "transcript", "policy", "journal", "tree")
 KERNEL_WORDS = {"step": "%step", "decide": "%approve or %deny [reason]", "start": "%task TEXT",
                 "resume": "%resume"}
 
@@ -238,6 +239,10 @@ class MlplcodeKernel(Kernel):
         state = self.current().compact().state
         self.show(compact_view(state.summarized, state.summary), "compact", len(state.steps))
 
+    def command_fork(self, argument):
+        self.agent = self.current().fork(positive(argument, "%fork N"))
+        self.show(self.state_view(), "state")
+
     def no_argument(self, name, argument):
         if argument:
             raise UsageError(f"%{name} takes no argument")
@@ -275,6 +280,10 @@ class MlplcodeKernel(Kernel):
     def view_journal(self):
         journal = self.current().journal
         return [("line", "journal", journal), ("line", "events", str(len(read_events(journal))))]
+
+    def view_tree(self):
+        from .branch import tree_view
+        return tree_view(self.current().journal)
 
     def command_save(self, path):
         steps = save(self.current().journal, path)

@@ -14,10 +14,15 @@ def start_view(start):
             ("line", "root", start["root"]), ("line", "model", start["model"]),
             ("line", "budget", str(start["budget"])), ("line", "policy", policy)]
 
+
+def branch_view(branch):
+    """Where a branch comes from: its parent's journal and the step it was left at."""
+    return [("line", "branched from", f"{branch['parent']}, before step {branch['at']}")]
+
 def sections(events):
     """The run of EVENTS as [(kind, step number, view)], each view titled, in the order things happened."""
     state = fold(events)
-    result = [("task", None, start_view(events[0]))]
+    result = [("task", None, start_view(state.start) + (branch_view(state.branch) if state.branch else []))]
     steps = 0
     for event in events:
         text = event.get("text") if event["type"] == "note" else event.get("reason")
@@ -67,7 +72,8 @@ def notebook(events):
     """The run of EVENTS as a notebook of the cells that would have driven it."""
     import nbformat
     from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
-    start, state = events[0], fold(events)
+    state = fold(events)
+    start = state.start
     cells = [new_markdown_cell(f"# mlplcode run {start['run']}\n\nRendered from the run's journal."),
              new_code_cell(settings_source(start))]
     views = {(kind, number): view for kind, number, view in sections(events)}

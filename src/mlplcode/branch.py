@@ -1,0 +1,121 @@
+"""Branching: a new run that takes up an old one as it stood before one of its steps."""
+import hashlib
+import json
+import os
+import shutil
+
+from .agent import journal_path, new_run_id, runs_directory
+from .journal import append_event, fold, read_events
+from .trust import inside
+
+def events_before(events, at):
+    """The events of a run before the reply of step AT; refuses a step the run does not have."""
+    for index, event in enumerate(events):
+        if event["type"] == "reply" and event["step"] == at:
+            return events[:index]
+    steps = sum(event["type"] == "reply" for event in events)
+    raise ValueError(f"the run has steps 1 to {steps}; a branch starts at one of them")
+
+def known_before(state, path, at):
+    """The text of PATH as the run knew it before step AT (None: the file did not exist yet),
+    or raises ValueError when the journal cannot tell."""
+    text, known = None, False
+    for step in state.steps[:at - 1]:
+        if step.action.get("path") != path or not (step.observation and step.observation["ok"]):
+            continue
+        tool = step.action["tool"]
+        if tool == "read":
+            text, known = step.observation["text"].split("\n", 1)[1], True
+        elif tool == "write":
+            text, known = step.action["content"], True
+        elif tool == "patch" and known:
+            text = text.replace(step.action["old"], step.action["new"], 1)
+    if not known:
+        text, known = first_sight(state, path, at)
+    if not known or (text is not None and "[redacted]" in text):
+        raise ValueError(f"{path}: the journal does not say what it held before step {at}")
+    return text
+
+def first_sight(state, path, at):
+    """What the steps from AT on tell of PATH as it was at AT: (text or None, whether they tell)."""
+    for step in state.steps[at - 1:]:
+        tool, ok = step.action.get("tool"), bool(step.observation and step.observation["ok"])
+        if tool == "run" and ok:
+            return None, False
+        if step.action.get("path") != path or not ok:
+            continue
+        if tool == "read":
+            return step.observation["text"].split("\n", 1)[1], True
+        return (None, True) if tool == "write" else (None, False)
+    return None, False
+
+def changed_paths(state, at):
+    """The paths that steps AT and later wrote or patched."""
+    return sorted({step.action["path"] for step in state.steps[at - 1:]
+                   if step.action.get("tool") in ("write", "patch") and step.observation
+                   and step.observation["ok"]})
+
+
+def restore(root, texts):
+    """Write each path's text under ROOT, or remove the path where its text is None."""
+    for path, text in texts.items():
+        target = os.path.join(root, path)
+        if not inside(os.path.realpath(target), os.path.realpath(root)):
+            raise ValueError(f"{path}: leads out of the branch's copy of the project")
+        if text is None:
+            if os.path.lexists(target):
+                os.unlink(target)
+            continue
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "w", encoding="utf-8", newline="") as file:
+            file.write(text)
+
+def fork(journal, at, new_journal=None):
+    """Branch the run in JOURNAL before its step AT: (the new journal, its root, steps that ran tests)."""
+    with open(journal, "rb") as file:
+        digest = hashlib.sha256(file.read()).hexdigest()
+    events = read_events(journal)
+    kept, state = events_before(events, at), fold(events)
+    if not os.path.isdir(state.start["root"]):
+        raise ValueError(f"{journal}: the run's project {state.start['root']} is gone")
+    texts = {path: known_before(state, path, at) for path in changed_paths(state, at)}
+    run = new_run_id()
+    copy = os.path.join(os.path.dirname(runs_directory()), "branches", run,
+                        os.path.basename(state.start["root"]))
+    new_journal = journal_path(new_journal, copy, run)
+    shutil.copytree(state.start["root"], copy, symlinks=True)
+    restore(copy, texts)
+    os.makedirs(os.path.dirname(new_journal), exist_ok=True)
+    after_start = kept[kept.index(state.start) + 1:]
+    for event in [{"type": "branch", "parent": os.path.abspath(journal), "sha256": digest, "at": at},
+                  {**state.start, "run": run, "root": copy}, *after_start]:
+        append_event(new_journal, event)
+    untold = [step.number for step in state.steps[at - 1:] if step.action.get("tool") == "run"]
+    return new_journal, copy, untold
+
+def first_event(journal):
+    """The first event of JOURNAL, read alone, or None when it cannot be read."""
+    try:
+        with open(journal, encoding="utf-8") as file:
+            return json.loads(file.readline())
+    except (OSError, ValueError):
+        return None
+
+def tree_view(journal):
+    """A view of JOURNAL's ancestors, JOURNAL, and the runs branched from it."""
+    view, ancestors, here = [("title", "", "runs")], [], os.path.abspath(journal)
+    event = first_event(here)
+    while isinstance(event, dict) and event.get("type") == "branch" and len(ancestors) < 100:
+        ancestors.append((event["parent"], event["at"]))
+        event = first_event(event["parent"])
+    for parent, at in reversed(ancestors):
+        view.append(("line", "parent", f"{parent} (branched before step {at})"))
+    view.append(("line", "this run", here))
+    folders = {runs_directory(), os.path.dirname(here)}
+    for folder in sorted(folder for folder in folders if os.path.isdir(folder)):
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            event = first_event(path) if name.endswith(".jsonl") else None
+            if isinstance(event, dict) and event.get("type") == "branch" and event.get("parent") == here:
+                view.append(("line", "branch", f"{path} (before step {event['at']})"))
+    return view
