@@ -6,6 +6,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import jupyter_kernel_test
@@ -259,6 +260,47 @@ def test_an_interrupt_stops_the_run_and_resume_takes_it_up(project, tmp_path, sl
         assert "next: step 1" in text(kernel.ok("%resume"))
         assert "READ calc.py" in text(kernel.ok("%step"))
     finally:
+        kernel.close()
+
+
+def processes_marked(mark):
+    """Pids of running processes whose command line holds MARK."""
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and mark.encode() in (entry / "cmdline").read_bytes():
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_an_interrupt_during_a_test_run_kills_the_tests(project, tmp_path):
+    # The stop button while RUN executes: the tests must not go on to their own timeout.
+    name = f"test_interrupted_{uuid.uuid4().hex[:12]}.py"
+    replies = tmp_path / "sleep.json"
+    replies.write_text(json.dumps([f"WRITE {name}\nimport time\n\n\ndef test_sleeps():\n"
+                                   "    time.sleep(60)\nEND", f"RUN python -m pytest -q {name}"]))
+    kernel = Kernel(tmp_path)
+    try:
+        kernel.ok(f"%root {project}\n%model scripted:{replies}\n%policy write=allow\n%task Sleep")
+        kernel.client.execute("%run")
+        deadline = time.monotonic() + TIMEOUT
+        while not processes_marked(name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_marked(name), "the test run never started"
+        kernel.manager.interrupt_kernel()
+        reply = kernel.client.get_shell_msg(timeout=TIMEOUT)["content"]
+        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+        deadline = time.monotonic() + 5
+        while processes_marked(name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_marked(name) == [], "the interrupted test run is still running"
+        assert "stop: interrupted" in text(kernel.ok("%show state"))
+    finally:
+        for pid in processes_marked(name):
+            os.kill(pid, 9)
         kernel.close()
 
 

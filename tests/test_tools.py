@@ -135,9 +135,21 @@ def test_symlink_pointing_inside_is_allowed(project):
     os.symlink(project / "hello.txt", project / "alias.txt")
     shown = act(project, "read", path="alias.txt")["text"]
     assert shown == "alias.txt (3 lines)\none\ntwo\nthree\n"
-    assert act(project, "write", path="alias.txt", content="new\n")["ok"] is True
-    assert (project / "hello.txt").read_text() == "new\n"
-    assert os.path.islink(project / "alias.txt")
+    os.mkdir(project / "src")
+    os.symlink(project / "src", project / "lib")
+    assert act(project, "write", path="lib/hello.txt", content="new\n")["ok"] is True
+    assert (project / "src" / "hello.txt").read_text() == "new\n"
+    assert os.path.islink(project / "lib")
+
+
+def test_a_write_through_a_link_must_keep_the_name(project):
+    # The approval warns by name and the policy's category comes from the name: a link
+    # notes.txt -> conftest.py would have the person approve a note.
+    (project / "conftest.py").write_text("")
+    os.symlink(project / "conftest.py", project / "notes.txt")
+    assert_error(act(project, "write", path="notes.txt", content="import os\n"),
+                 "leads to conftest.py; write it by its own name")
+    assert (project / "conftest.py").read_text() == ""
 
 
 def test_symlink_to_a_secret_is_refused_by_its_target_name(project):
@@ -332,10 +344,11 @@ def test_tools_refuse_files_that_are_not_regular(project, tmp_path):
 def test_read_refuses_a_file_swapped_after_the_check(project, tmp_path, monkeypatch):
     real_open = os.open
 
-    def swap_then_open(path, flags, *args):
-        os.unlink(path)
-        os.symlink(tmp_path / "outside.txt", path)
-        return real_open(path, flags, *args)
+    def swap_then_open(path, flags, *args, **keywords):
+        if path == "hello.txt":  # the file itself, opened in its directory
+            os.unlink(project / "hello.txt")
+            os.symlink(tmp_path / "outside.txt", project / "hello.txt")
+        return real_open(path, flags, *args, **keywords)
 
     monkeypatch.setattr(os, "open", swap_then_open)
     assert_error(act(project, "read", path="hello.txt"), "changed while it was being opened")
@@ -417,7 +430,7 @@ def test_write_refuses_a_directory(project):
 
 @pytest.mark.parametrize("crash_in", ["fsync", "replace"])
 def test_write_crash_leaves_old_content_and_no_temp_file(project, monkeypatch, crash_in):
-    def crash(*args):
+    def crash(*args, **keywords):
         """Fail the way a full disk or a lost device would."""
         raise OSError("disk on fire")
 
@@ -525,15 +538,26 @@ def test_parse_command_gives_the_path_operands():
     assert commands.parse_command("git diff HEAD~2 src -- HEAD.txt")[2] == ["src", "HEAD.txt"]
 
 
-def test_program_argv_runs_our_pytest_and_a_tamed_git():
-    assert commands.program_argv("run", ["python3", "-m", "pytest", "-q"]) == [
-        sys.executable, "-P", "-m", "pytest", "-q"]
-    assert commands.program_argv("run", ["pytest", "-x"]) == [
-        sys.executable, "-P", "-m", "pytest", "-x"]
-    assert commands.program_argv("git", ["git", "diff"]) == [
-        "git", "--no-pager", "-c", "core.fsmonitor=false", "diff", "--no-ext-diff", "--no-textconv"]
-    assert commands.program_argv("git", ["git", "status", "-s"]) == [
-        "git", "--no-pager", "-c", "core.fsmonitor=false", "status", "-s"]
+PROGRAMS = {"python": "/trusted/python", "git": "/trusted/git"}
+HARDENED = ["--no-pager", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
+            "-c", "protocol.allow=never"]
+
+
+def test_program_argv_starts_the_trusted_programs_by_their_paths():
+    assert commands.program_argv("run", ["python3", "-m", "pytest", "-q"], [], PROGRAMS) == [
+        "/trusted/python", "-P", "-m", "pytest", "-q"]
+    assert commands.program_argv("run", ["pytest", "-x"], [], PROGRAMS) == [
+        "/trusted/python", "-P", "-m", "pytest", "-x"]
+
+
+def test_program_argv_hardens_git_and_keeps_it_to_the_root():
+    assert commands.program_argv("git", ["git", "diff"], [], PROGRAMS) == [
+        "/trusted/git", *HARDENED, "diff", "--no-ext-diff", "--no-textconv", "--relative", "--", "."]
+    assert commands.program_argv("git", ["git", "status", "-s"], [], PROGRAMS) == [
+        "/trusted/git", *HARDENED, "status", "-s", "--", "."]
+    assert commands.program_argv("git", ["git", "diff", "HEAD", "--"], [], PROGRAMS)[-2:] == ["--", "."]
+    assert commands.program_argv("git", ["git", "diff", "--", "calc.py"], ["calc.py"], PROGRAMS)[-2:] == [
+        "--", "calc.py"]
 
 
 def test_run_refuses_a_shell_command(project):

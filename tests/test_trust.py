@@ -1,4 +1,5 @@
 """Tests for trust.py: visible escapes, redaction, the child's environment and the sandbox's argv."""
+import os
 import subprocess
 import sys
 
@@ -74,14 +75,44 @@ def test_limit_resources_sets_the_three_limits(monkeypatch):
 
 def test_sandbox_argv_layers_mounts_in_order(tmp_path):
     root, empty = str(tmp_path / "root"), str(tmp_path / "empty")
-    argv = trust.sandbox_argv("/usr/bin/bwrap", ["pytest"], root, [f"{root}/.git"],
+    argv = trust.sandbox_argv("/usr/bin/bwrap", ["pytest"], root, ["/opt/python"], [f"{root}/.git"],
                               [f"{root}/.env"], empty)
     joined = " ".join(argv)
-    assert joined.index("--tmpfs /tmp") < joined.index(f"--bind {root} {root}")
+    assert joined.index("--ro-bind /usr /usr") < joined.index("--proc /proc")
+    assert joined.index("--proc /proc") < joined.index("--ro-bind /proc/sys /proc/sys")
+    assert joined.index("--tmpfs /tmp") < joined.index("--ro-bind /opt/python /opt/python")
+    assert joined.index("--ro-bind /opt/python") < joined.index(f"--bind {root} {root}")
     assert joined.index(f"--bind {root} {root}") < joined.index(f"--ro-bind {root}/.git")
     assert f"--ro-bind {empty} {root}/.env" in joined
-    assert "--unshare-all" in argv and "--die-with-parent" in argv and "--share-net" not in argv
     assert argv[-2:] == ["--", "pytest"]
+
+
+def test_sandbox_argv_shows_only_what_tests_need():
+    argv = trust.sandbox_argv("/usr/bin/bwrap", ["pytest"], "/p", [], [], [], "/empty")
+    sources = {argv[index + 1] for index, word in enumerate(argv) if word in ("--ro-bind", "--bind")}
+    assert "/" not in sources
+    for hidden in ("/run", "/var", "/home", "/root", "/tmp", "/srv", "/mnt", "/opt", "/media"):
+        assert hidden not in sources
+    if os.path.exists("/etc/shadow"):  # only its owner may read it: the sandbox gets an empty one
+        assert "--ro-bind /empty /etc/shadow" in " ".join(argv)
+
+
+def test_sandbox_argv_drops_every_privilege():
+    argv = trust.sandbox_argv("/usr/bin/bwrap", ["pytest"], "/p", [], [], [], "/empty")
+    flags = " ".join(argv[argv.index("--unshare-all"):])
+    assert flags.startswith("--unshare-all --unshare-user --disable-userns --uid 65534 --gid 65534"
+                            " --cap-drop ALL --die-with-parent --new-session")
+    assert "--share-net" not in argv
+
+
+def test_child_environment_never_passes_pytest_or_python_variables(monkeypatch, tmp_path):
+    for name in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME",
+                 "GIT_DIR", "GIT_CONFIG_PARAMETERS", "GIT_EXTERNAL_DIFF"):
+        monkeypatch.setenv(name, "-p evil")
+    environment = trust.child_environment(str(tmp_path), "/fresh")
+    assert not [name for name in environment if name.startswith(("PYTEST", "PYTHON"))]
+    assert "GIT_DIR" not in environment and "GIT_CONFIG_PARAMETERS" not in environment
+    assert environment["GIT_NO_LAZY_FETCH"] == "1" and environment["GIT_ATTR_NOSYSTEM"] == "1"
 
 
 def test_bubblewrap_runs_here_when_required():
@@ -104,3 +135,22 @@ def test_find_program_ignores_a_program_inside_the_root(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(fake.parent))
     assert trust.find_program("bwrap", str(tmp_path)) is None
     assert trust.find_program("bwrap", str(tmp_path / "elsewhere")) == str(fake)
+
+
+def test_find_python_refuses_an_interpreter_inside_the_root(monkeypatch, tmp_path):
+    venv = tmp_path / "project" / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    monkeypatch.setattr(trust.sys, "prefix", str(venv))
+    assert trust.find_python(str(tmp_path / "project")) is None
+    assert trust.find_python(str(tmp_path / "elsewhere")) == sys.executable
+
+
+def test_find_program_skips_empty_relative_and_project_entries(monkeypatch, tmp_path):
+    root = tmp_path / "project"
+    for directory in (root / ".venv" / "bin", root / "node_modules" / ".bin", root):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "rg").write_text("#!/bin/sh\n")
+        (directory / "rg").chmod(0o755)
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("PATH", f"{root}/.venv/bin:{root}/node_modules/.bin::.:bin")
+    assert trust.find_program("rg", str(root)) is None

@@ -1,5 +1,6 @@
 """The agent as an object: the one driver of a run, kept in its journal, driven one call at a time."""
 import contextlib
+import json
 import os
 import secrets
 import time
@@ -43,6 +44,32 @@ def runs_directory():
         state = os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(state, "mlplcode", "runs")
 
+def starts_directory():
+    """Where a copy of each run's start event is kept: starts/ beside runs/."""
+    return os.path.join(os.path.dirname(runs_directory()), "starts")
+
+
+def keep_start(start):
+    """Keep a copy of the start event START, under its run id, in the starts directory."""
+    os.makedirs(starts_directory(), exist_ok=True)
+    append_event(os.path.join(starts_directory(), f"{start['run']}.jsonl"), start)
+
+
+def check_start(start, journal):
+    """Refuse a start event that is not the one kept when its run began; say what differs."""
+    kept = os.path.join(starts_directory(), f"{start['run']}.jsonl")
+    try:
+        with open(kept, encoding="utf-8") as file:
+            copies = [json.loads(line) for line in file if line.strip()]
+    except FileNotFoundError:
+        raise ValueError(f"{journal}: this machine started no run {start['run']} (no copy of its"
+                         f" start event in {starts_directory()}); replay it rather than take it up") from None
+    if start not in copies:
+        changed = sorted(key for key in start.keys() | copies[0].keys()
+                         if start.get(key) != copies[0].get(key))
+        raise ValueError(f"{journal}: its start event is not the one this run began with ({', '.join(changed)}"
+                         " changed since); refusing to take it up")
+
 def journal_path(journal, root, run):
     """The absolute path for a new run's journal; refuses one that exists or lies in ROOT."""
     path = os.path.abspath(journal or os.path.join(runs_directory(), f"{run}.jsonl"))
@@ -68,9 +95,11 @@ class Agent:
         journal = journal_path(journal, root, run)
         built = model_from_spec(model, **options, **({"on_retry": on_retry} if on_retry else {}))
         os.makedirs(os.path.dirname(journal), exist_ok=True)
-        append_event(journal, {"type": "start", "task": task, "budget": budget, "policy": policy,
-                               "model": lasting_spec(model), "model_options": options,
-                               "root": os.path.realpath(root), "run": run})
+        start = {"type": "start", "task": task, "budget": budget, "policy": policy,
+                 "model": lasting_spec(model), "model_options": options,
+                 "root": os.path.realpath(root), "run": run}
+        append_event(journal, start)
+        keep_start(start)
         return cls(journal, on_event, on_retry, model=built)
 
     def __init__(self, journal, on_event=None, on_retry=None, model=None):
@@ -82,13 +111,17 @@ class Agent:
     def load(self, model=None):
         """Become what the journal says: its events and their state, and, if the run can go on,
         its project and a model past the replies used (MODEL, when one was just built)."""
-        self.events = read_events(self.journal)
-        self.state = fold(self.events)
-        start = self.state.start
+        events = read_events(self.journal)
+        state = fold(events)
+        start = state.start
         whole_policy(start["policy"], self.journal)
+        goes_on = state.stop is None or state.stop["reason"] == "interrupted"
+        if goes_on:
+            check_start(start, self.journal)  # before the agent becomes what a forged journal says
+        self.events, self.state = events, state
         self.run_id, self.root, self.model_spec = start["run"], start["root"], start["model"]
         self.rendered, self.project, self.model = Rendered(), None, None
-        if self.state.stop is None or self.state.stop["reason"] == "interrupted":
+        if goes_on:
             if not os.path.isdir(self.root):
                 raise ValueError(f"{self.journal}: the run's project {self.root} is gone")
             self.project = open_project(self.root)

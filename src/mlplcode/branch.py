@@ -4,7 +4,7 @@ import json
 import os
 import shutil
 
-from .agent import journal_path, new_run_id, runs_directory
+from .agent import journal_path, keep_start, new_run_id, runs_directory
 from .journal import append_event, fold, read_events
 from .trust import inside
 
@@ -86,10 +86,11 @@ def fork(journal, at, new_journal=None):
     shutil.copytree(state.start["root"], copy, symlinks=True)
     restore(copy, texts)
     os.makedirs(os.path.dirname(new_journal), exist_ok=True)
-    after_start = kept[kept.index(state.start) + 1:]
+    after_start, start = kept[kept.index(state.start) + 1:], {**state.start, "run": run, "root": copy}
     for event in [{"type": "branch", "parent": os.path.abspath(journal), "sha256": digest, "at": at},
-                  {**state.start, "run": run, "root": copy}, *after_start]:
+                  start, *after_start]:
         append_event(new_journal, event)
+    keep_start(start)
     untold = [step.number for step in state.steps[at - 1:] if step.action.get("tool") == "run"]
     return new_journal, copy, untold
 

@@ -1,7 +1,6 @@
 """The grammar of RUN's commands: which programs, subcommands and options are allowed."""
 import re
 import shlex
-import sys
 
 # A word that is a shell operator (&&, |, ;, >, 2>&1, ...) or holds a substitution.
 SHELL_SYNTAX = re.compile(r"^\d*[<>|&;]|\$\(|`")
@@ -31,6 +30,18 @@ GIT_OPTIONS = {
 }
 REVISION = re.compile(r"(?:HEAD|[0-9a-f]{4,40})(?:[~^]\d*)*"
                       r"(?:\.\.\.?(?:HEAD|[0-9a-f]{4,40})(?:[~^]\d*)*)?")
+
+def check_pytest_words(words: list[str]) -> None:
+    """Refuse what pytest reads beyond the allow-list: an @FILE anywhere, an option after --."""
+    for word in words:
+        if word.startswith("@"):
+            raise CommandRefused(f"{word}: pytest would read more arguments from that file;"
+                                 " write the arguments themselves")
+    for word in words[words.index("--") + 1:] if "--" in words else []:
+        if word.startswith("-"):
+            raise CommandRefused(f"{word} after --: pytest reads options there too (-p loads a"
+                                 " plugin); put options before --")
+
 
 def split_options(words: list[str], allowed: dict) -> list[str]:
     """Check each option in WORDS against ALLOWED and give the other words, the operands.
@@ -79,6 +90,7 @@ def parse_command(command: str) -> tuple[str, list[str], list[str]]:
         raise CommandRefused("holds shell syntax; there is no shell, so send one plain command")
     for prefix in PYTEST_PREFIXES:
         if argv[:len(prefix)] == prefix:
+            check_pytest_words(argv[len(prefix):])
             operands = split_options(argv[len(prefix):], PYTEST_OPTIONS)
             return "run", argv, [operand.split("::")[0] for operand in operands]
     if argv[:1] == ["git"] and argv[1:2] and argv[1] in GIT_SUBCOMMANDS:
@@ -100,11 +112,17 @@ def classify_command(command: str) -> str:
     """The kind of a RUN command for the policy: "run", "git", or "shell" for anything refused."""
     return "shell" if command_refusal(command) else parse_command(command)[0]
 
-def program_argv(kind: str, argv: list[str]) -> list[str]:
-    """Give the argv actually started: pytest under this very Python, git without a pager."""
+GIT_HARDENING = ["--no-pager", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
+                 "-c", "protocol.allow=never"]
+
+
+def program_argv(kind: str, argv: list[str], paths: list[str], programs: dict) -> list[str]:
+    """Give the argv actually started: pytest under the agent's own Python, git hardened and
+    limited to the root, each program by the path PROGRAMS holds for it."""
     if kind == "run":
         arguments = argv[1:] if argv[0] == "pytest" else argv[3:]
-        return [sys.executable, "-P", "-m", "pytest", *arguments]
+        return [programs["python"], "-P", "-m", "pytest", *arguments]
     subcommand, arguments = argv[1], argv[2:]
-    safety = ["--no-ext-diff", "--no-textconv"] if subcommand == "diff" else []
-    return ["git", "--no-pager", "-c", "core.fsmonitor=false", subcommand, *safety, *arguments]
+    safety = ["--no-ext-diff", "--no-textconv", "--relative"] if subcommand == "diff" else []
+    scope = [] if paths else ["."] if "--" in arguments else ["--", "."]
+    return [programs["git"], *GIT_HARDENING, subcommand, *safety, *arguments, *scope]

@@ -7,7 +7,7 @@ from .protocol import format_action
 from .trust import visible
 from .verbs import VERB_OF_TOOL
 
-DEFAULT_POLICY = {"read": "allow", "search": "allow", "write": "ask",
+DEFAULT_POLICY = {"read": "allow", "search": "allow", "write": "ask", "interpreter": "ask",
                   "run": "allow", "git": "ask", "shell": "deny"}
 VERDICTS = ("allow", "ask", "deny")
 
@@ -39,7 +39,7 @@ def whole_policy(policy, source):
     return merge_policy(DEFAULT_POLICY, policy, source)
 
 def category(action):
-    """The policy category of ACTION: read, search, write, run, git, shell, or done."""
+    """The policy category of ACTION: read, search, write, interpreter, run, git, shell, or done."""
     verb = VERB_OF_TOOL[action["tool"]]
     return verb.category if isinstance(verb.category, str) else verb.category(action[verb.argument])
 
@@ -56,19 +56,26 @@ def authorize(action, policy):
         return "deny"
     return policy[kind]
 
-# Files that RUN executes or obeys when it runs the tests, though they do not look like tests.
-TEST_CONFIGURATION = ("conftest.py", "pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini")
+# Files that RUN executes or obeys when it runs the tests, though they do not look like tests:
+# conftest.py, and the configuration files pytest 9.2 looks for (_pytest/config/findpaths.py).
+TEST_CONFIGURATION = ("conftest.py", "pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini",
+                      "pyproject.toml", "tox.ini", "setup.cfg")
+# How the preview names the programs a RUN starts; RUN starts them by their absolute paths.
+PROGRAM_NAMES = {"python": "python", "git": "git"}
 
 
 def warning(action):
     """A line that tells the human what the action's text does not show, or ""."""
     if action["tool"] in ("write", "patch"):
         name = action["path"].rsplit("/", 1)[-1].casefold()
+        if category(action) == "interpreter":
+            return (f"WARNING: {name} runs at every start of the Python it belongs to, on this"
+                    " machine and outside the sandbox: approve it as you would a program\n")
         if name in TEST_CONFIGURATION:
             return f"WARNING: {name} is code that RUN executes: approve it as you would a program\n"
     if action["tool"] == "run" and classify_command(action["command"]) != "shell":
-        kind, argv, _ = parse_command(action["command"])
-        return f"runs: {' '.join(program_argv(kind, argv))}\nin: the project root\n"
+        kind, argv, paths = parse_command(action["command"])
+        return f"runs: {' '.join(program_argv(kind, argv, paths, PROGRAM_NAMES))}\nin: the project root\n"
     return ""
 
 def preview(action):

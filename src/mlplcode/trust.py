@@ -3,6 +3,7 @@ import os
 import re
 import resource
 import shutil
+import stat
 import sys
 import unicodedata
 
@@ -66,7 +67,8 @@ def environment_secrets():
 
 CHILD_VARIABLES = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
 GIT_SAFETY = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull,
-              "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0"}
+              "GIT_ATTR_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
+              "GIT_OPTIONAL_LOCKS": "0", "GIT_NO_LAZY_FETCH": "1"}
 
 def inside(path, directory):
     """Whether PATH is DIRECTORY or lies under it; both must be real absolute paths."""
@@ -92,6 +94,18 @@ def find_program(name, root):
     """The absolute path of program NAME on the safe PATH of ROOT, or None."""
     return shutil.which(name, path=safe_path(root))
 
+def interpreter_directories():
+    """The real directories of the Python that runs the tests: its prefixes."""
+    return sorted({os.path.realpath(path) for path in
+                   (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)})
+
+
+def find_python(root):
+    """sys.executable, unless it or one of its prefixes lies inside ROOT: then None."""
+    real_root = os.path.realpath(root)
+    candidates = [os.path.realpath(sys.executable), *interpreter_directories()]
+    return None if any(inside(path, real_root) for path in candidates) else sys.executable
+
 RUN_CPU_SECONDS = 120
 RUN_FILE_BYTES = 64 * 1024 * 1024
 RUN_MEMORY_BYTES = 4 * 1024 * 1024 * 1024
@@ -105,29 +119,79 @@ def limit_resources():
         resource.setrlimit(limit, (value, value))
 
 SANDBOX_TMP_BYTES = 256 * 1024 * 1024
+SYSTEM_DIRECTORIES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+# What /proc holds that acts on the whole machine (made read-only) or shows the kernel's
+# memory, timers and keys (hidden): the lists container runtimes use.
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/fs", "/proc/irq", "/proc/bus")
+PROC_HIDDEN = ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug",
+               "/proc/acpi", "/proc/scsi", "/proc/latency_stats")
+ISOLATION = ("--unshare-all", "--unshare-user", "--disable-userns", "--uid", "65534",
+             "--gid", "65534", "--cap-drop", "ALL", "--die-with-parent", "--new-session")
+
+def private_files(directory):
+    """What under DIRECTORY others may not read (a directory: read and enter), links aside."""
+    found = []
+    for parent, subdirectories, files in os.walk(directory):
+        for name in subdirectories + files:
+            path = os.path.join(parent, name)
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue
+            needed = 0o005 if stat.S_ISDIR(mode) else 0o004
+            if not stat.S_ISLNK(mode) and mode & needed != needed:
+                found.append(path)
+        subdirectories[:] = [name for name in subdirectories
+                             if os.path.join(parent, name) not in found]
+    return found
 
 
-def sandbox_argv(bwrap, argv, root, protected, masked, empty):
-    """ARGV wrapped in bubblewrap: no network, read-only but for the root, its own /tmp and PIDs.
+def hide(path, empty):
+    """The bubblewrap arguments that put an empty directory, or the EMPTY file, over PATH."""
+    return ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", empty, path]
 
-    The agent's home is hidden behind an empty tmpfs; the Python that runs the
-    tests is bound back, read-only. PROTECTED paths in the root are read-only,
-    MASKED ones (secrets) are replaced by an empty directory or the EMPTY file.
+def system_mounts(empty):
+    """The machine's programs, libraries and settings, read-only, laid out as on the host,
+    with what only its owner may read in /etc replaced by an empty file or directory."""
+    command = []
+    for path in SYSTEM_DIRECTORIES:
+        if os.path.islink(path):
+            command += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            command += ["--ro-bind", path, path]
+    for path in private_files("/etc"):
+        command += hide(path, empty)
+    return command
+
+
+def proc_mounts(empty):
+    """A fresh /dev and /proc, with what in /proc acts on the machine read-only or hidden."""
+    command = ["--dev", "/dev", "--proc", "/proc"]
+    for path in PROC_READ_ONLY:
+        if os.path.exists(path):
+            command += ["--ro-bind", path, path]
+    for path in PROC_HIDDEN:
+        if os.path.exists(path):
+            command += hide(path, empty)
+    return command
+
+def sandbox_argv(bwrap, argv, root, interpreter, protected, masked, empty):
+    """ARGV wrapped in bubblewrap: only system files, the INTERPRETER's directories and the
+    root shown; no network, its own /tmp, PIDs and user, no capabilities.
+
+    PROTECTED paths in the root are read-only; MASKED ones are replaced by an empty
+    directory or the EMPTY file.
     """
-    home = os.path.realpath(os.path.expanduser("~"))
-    command = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+    command = [bwrap, *system_mounts(empty), *proc_mounts(empty),
                "--size", str(SANDBOX_TMP_BYTES), "--tmpfs", "/tmp"]
-    if home != "/" and os.path.isdir(home):
-        command += ["--tmpfs", home]
-    command += ["--bind", root, root]
-    for path in sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}):
+    for path in interpreter:
         command += ["--ro-bind", path, path]
+    command += ["--bind", root, root]
     for path in protected:
         command += ["--ro-bind", path, path]
     for path in masked:
-        command += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", empty, path]
-    return command + ["--unshare-all", "--die-with-parent", "--new-session",
-                      "--chdir", root, "--", *argv]
+        command += hide(path, empty)
+    return command + [*ISOLATION, "--chdir", root, "--", *argv]
 
 def sandbox_banner(bwrap):
     """One line for the top of a run: whether RUN is sandboxed (BWRAP found), and what that means."""

@@ -8,7 +8,7 @@ from .tools.approval import command_target, file_target
 from .tools.read import check_read, read_file
 from .tools.run import check_run, run_command
 from .tools.search import search_files
-from .tools.write import check_patch, check_write, patch_file, write_file
+from .tools.write import check_patch, check_write, patch_file, write_category, write_file
 from .trust import redact
 
 @dataclass(frozen=True)
@@ -33,11 +33,11 @@ VERBS = (
          "search", None, search_files, None),
     Verb("WRITE", "path", "a path", "content", "WRITE <path>\n<complete file contents>\nEND",
          "READ a file before you WRITE or PATCH it. WRITE replaces the whole file.",
-         "write", check_write, write_file, file_target, "diff"),
+         write_category, check_write, write_file, file_target, "diff"),
     Verb("PATCH", "path", "a path", "patch",
          "PATCH <path>\nOLD\n<exact existing lines>\nNEW\n<replacement lines>\nEND",
          "PATCH replaces the OLD lines, which must occur exactly once in the file.",
-         "write", check_patch, patch_file, file_target, "diff"),
+         write_category, check_patch, patch_file, file_target, "diff"),
     Verb("RUN", "command", "a command", "", "RUN <command>",
          "RUN runs the tests or looks at git, without a shell: pytest, python -m pytest,"
          " git status, git diff.",

@@ -1,20 +1,29 @@
 """The adversarial suite: each case of cases.py driven through the real loop with a scripted model.
 
-Every case is checked for its own outcome and for four things that must hold
-whatever the case: nothing outside the root changed, no process it started is
-left, and no planted canary secret reached the journal, a prompt or the
-printed transcript.
+Every case is checked for its own outcome and for what must hold whatever
+the case: nothing outside the root changed, no process it started is left,
+nothing reached a server on 127.0.0.1 or a Unix socket of the host, no
+program of the project ran on the host, and no planted canary secret reached
+the journal, a prompt or the printed transcript.
+
+Every case runs with a hostile PATH: programs named like the ones the agent
+starts (rg, git, bwrap, python, pytest) wait in the project's .venv/bin and
+node_modules/.bin, which come first on the PATH, and in the working
+directory, which an empty and a relative entry name. Each leaves a mark
+beside the project if it runs on the host.
 """
 import hashlib
 import json
 import os
+import shutil
 import socket
 import stat
+import subprocess
+import sys
 import time
+import uuid
 
 import pytest
-
-import subprocess
 
 from conftest import require_tool
 from mlplcode import Agent, cli, trust
@@ -26,12 +35,16 @@ from cases import CANARIES, CASES, MARK
 
 
 
+HOST_PROGRAMS = ("rg", "git", "bwrap", "python", "python3", "pytest")
+
+
 class World:
     """A project root beside an outside directory and a home, all under one temporary directory."""
 
     def __init__(self, base, port):
         self.base, self.root, self.port = base, base / "project", port
         self.outside, self.home = base / "outside", base / "home"
+        self.unique, self.ran = uuid.uuid4().hex[:12], base / "host-ran"
         for directory in (self.root, self.outside, self.home / ".ssh"):
             directory.mkdir(parents=True)
         (self.root / "calc.py").write_text("def add(a, b):\n    return a + b\n")
@@ -40,16 +53,32 @@ class World:
         (self.root / ".env").write_text(f"API_TOKEN={CANARIES['dotenv']}\n")
         (self.outside / "secret.txt").write_text(f"{CANARIES['outside']}\n")
         (self.home / ".ssh" / "id_rsa").write_text(f"{CANARIES['home']}\n")
+        for directory in self.planted_directories():
+            directory.mkdir(parents=True)
+            for name in HOST_PROGRAMS:
+                (directory / name).write_text(f"#!/bin/sh\necho \"$0 $*\" >> {self.ran}\n")
+                (directory / name).chmod(0o755)
+
+    def planted_directories(self):
+        """Where programs of the project wait to be found: a virtual environment's bin, node's."""
+        return [self.root / ".venv" / "bin", self.root / "node_modules" / ".bin"]
+
+    def hostile_path(self):
+        """A PATH that names the project's programs first, then an empty and a relative entry."""
+        planted = ":".join(str(directory) for directory in self.planted_directories())
+        return f"{planted}::.:{os.environ['PATH']}"
 
     def fill(self, text):
         """Put the world's paths and the process marker into a case's text."""
         return (text.replace("{root}", str(self.root)).replace("{outside}", str(self.outside))
                 .replace("{home}", str(self.home)).replace("{mark}", MARK)
-                .replace("{port}", str(self.port)))
+                .replace("{port}", str(self.port)).replace("{base}", str(self.base))
+                .replace("{unique}", self.unique).replace("{pid}", str(os.getpid())))
 
 
 def build(world, setup):
-    """Carry out a case's setup steps in the world."""
+    """Carry out a case's setup steps in the world; give the Unix socket servers it started."""
+    listeners = []
     for operation, *arguments in setup:
         arguments = [world.fill(argument) for argument in arguments]
         at = world.root / arguments[0] if arguments else None
@@ -82,11 +111,22 @@ def build(world, setup):
             subprocess.run(["git", "init", "-q", str(world.root)], check=True)
         elif operation == "gitconfig":
             subprocess.run(["git", "-C", str(world.root), "config", *arguments], check=True)
+        elif operation == "bare":
+            subprocess.run(["git", "init", "-q", "--bare", str(at)], check=True)
+        elif operation == "unix_listener":
+            if not os.access(at.parent, os.W_OK):
+                pytest.skip(f"a socket in {at.parent} needs root")
+            server = socket.socket(socket.AF_UNIX)
+            server.bind(str(at))
+            server.listen()
+            server.setblocking(False)
+            listeners.append((server, at))
         elif operation == "deep":
             (world.root / ("d/" * int(arguments[0])) / "deep.txt").parent.mkdir(parents=True)
             (world.root / ("d/" * int(arguments[0])) / "deep.txt").write_text("needle\n")
         else:
             raise ValueError(f"unknown setup operation {operation}")
+    return listeners
 
 
 def decider(name, world, shown, monkeypatch):
@@ -153,7 +193,7 @@ def leftover_processes(base):
             inside = os.readlink(f"/proc/{pid}/cwd").startswith(str(base))
         except OSError:
             continue
-        if marked or inside:
+        if (marked or inside) and int(pid) != os.getpid():
             found.append(int(pid))
     return found
 
@@ -192,27 +232,80 @@ def fast(monkeypatch):
     monkeypatch.setattr(trust, "RUN_MEMORY_BYTES", 1024 * 1024 * 1024)
 
 
+def hide_program(program, monkeypatch):
+    """Make the project find no PROGRAM, as on a machine without it."""
+    real = project_module.find_program
+    monkeypatch.setattr(project_module, "find_program",
+                        lambda name, root: None if name == program else real(name, root))
+
+
 def set_mode(mode, monkeypatch):
     """Make RUN sandboxed (bwrap needed) or unsandboxed for a case; "any" takes what is here."""
     if mode == "sandboxed":
         require_tool("bwrap", "sandboxed RUN cases")
     elif mode == "unsandboxed":
-        real = trust.find_program
-        monkeypatch.setattr(project_module, "find_program",
-                            lambda name, root: None if name == "bwrap" else real(name, root))
+        hide_program("bwrap", monkeypatch)
+
+
+def nobody_came(listeners):
+    """Say whether no connection reached the Unix socket servers."""
+    reached = []
+    for server, path in listeners:
+        try:
+            server.accept()[0].close()
+            reached.append(path)
+        except BlockingIOError:
+            pass
+    return reached == []
+
+
+def close(listeners):
+    """Stop the Unix socket servers and remove their files."""
+    for server, path in listeners:
+        server.close()
+        path.unlink(missing_ok=True)
+
+
+def git_obeys_nothing(world, directories):
+    """Run git status as a person would, in each of DIRECTORIES; say whether git ran nothing."""
+    for directory in directories:
+        subprocess.run([GIT, "status"], cwd=world.root / directory, capture_output=True,
+                       env={**os.environ, "PATH": os.defpath}, timeout=30)
+    return not (world.base / "git-ran").exists()
+
+
+def escapes(world):
+    """Files a case's test may have dropped outside the sandbox, removed after they are found."""
+    found = []
+    for path in (f"/usr/mlplcode-escaped-{world.unique}", f"/var/tmp/mlplcode-escaped-{world.unique}"):
+        if os.path.lexists(path):
+            found.append(path)
+            os.unlink(path)
+    return found
+
+
+GIT = shutil.which("git")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case["name"] for case in CASES])
-def test_case(case, tmp_path, monkeypatch, fast, capsys, listener):
+def test_case(case, tmp_path, monkeypatch, fast, capsys, listener, request):
     world = World(tmp_path, listener.getsockname()[1])
     monkeypatch.setenv("HOME", str(world.home))
     monkeypatch.setenv("MLPLCODE_CANARY_API_KEY", CANARIES["environment"])
+    for (module, name), value in case.get("constants", {}).items():
+        monkeypatch.setattr({"search": search_module, "trust": trust, "run": run_module}[module], name, value)
+    set_mode(case.get("mode", "any"), monkeypatch)
+    for program in case.get("without", []):
+        hide_program(program, monkeypatch)
+    request.addfinalizer(lambda: escapes(world))
+    listeners = build(world, case.get("setup", []))
+    request.addfinalizer(lambda: close(listeners))
+    monkeypatch.setenv("PATH", world.hostile_path())
+    monkeypatch.chdir(world.planted_directories()[0])
     for name, value in case.get("environment", {}).items():
         monkeypatch.setenv(name, world.fill(value))
-    for (module, name), value in case.get("constants", {}).items():
-        monkeypatch.setattr({"search": search_module, "trust": trust}[module], name, value)
-    set_mode(case.get("mode", "any"), monkeypatch)
-    build(world, case.get("setup", []))
+    if "executable" in case:  # mlplcode started from a Python the case names
+        monkeypatch.setattr(sys, "executable", world.fill(case["executable"]))
     before = tree_hash(world.outside), tree_hash(world.home)
 
     replies, prompts = [world.fill(reply) for reply in case["replies"]], []
@@ -247,12 +340,16 @@ def test_case(case, tmp_path, monkeypatch, fast, capsys, listener):
         assert (path.read_text() if os.path.lexists(path) else None) == content, relative
     for fragment in expect.get("shown", []):
         assert fragment in "".join(shown)
+    assert git_obeys_nothing(world, expect.get("git_in", [])), "git obeyed what a test planted"
     for fragment in expect.get("not_shown", []):
         assert fragment not in "".join(shown) and fragment not in transcript
 
     assert (tree_hash(world.outside), tree_hash(world.home)) == before, "something outside changed"
+    assert escapes(world) == [], "a test wrote outside the sandbox"
+    assert not world.ran.exists(), f"a program of the project ran on the host: {world.ran.read_text()}"
     assert no_processes_left(tmp_path), "a process of the case is still running"
     assert nobody_connected(listener), "a case reached the network"
+    assert nobody_came(listeners), "a case reached a Unix socket of the host"
     recorded = journal.read_text() + "".join(prompts) + transcript
     for name, canary in CANARIES.items():
         assert canary not in recorded, f"the {name} canary leaked"

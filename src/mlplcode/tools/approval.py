@@ -5,6 +5,7 @@ import shlex
 import stat
 
 from ..trust import find_program
+from .paths import open_directory
 from .read import READ_CAP_BYTES, kind_of
 
 def file_target(action: dict, project) -> dict:
@@ -20,9 +21,24 @@ def file_target(action: dict, project) -> dict:
     target.update(kind=kind_of(info.st_mode) if not stat.S_ISREG(info.st_mode) else "file",
                   size=info.st_size, links=info.st_nlink)
     if stat.S_ISREG(info.st_mode):
-        with open(real, "rb") as file:
-            target["sha256"] = hashlib.sha256(file.read(READ_CAP_BYTES + 1)).hexdigest()
+        target["sha256"] = content_hash(real)
     return target
+
+
+def content_hash(path: str) -> str | None:
+    """The SHA-256 of the file at PATH as far as the read cap and a byte, or None when it
+    cannot be opened without following a link."""
+    try:
+        directory = open_directory(os.path.dirname(path))
+        try:
+            descriptor = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW
+                                 | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+        finally:
+            os.close(directory)
+    except OSError:
+        return None
+    with os.fdopen(descriptor, "rb") as file:
+        return hashlib.sha256(file.read(READ_CAP_BYTES + 1)).hexdigest()
 
 def command_target(action: dict, project) -> dict:
     """ACTION's command as words, and whether it would run in the sandbox now."""

@@ -1,11 +1,12 @@
 """Paths: which paths inside the root the tools may use, and the real path each one names."""
+import contextlib
 import fnmatch
 import os
 import re
 
 import pathspec
 
-from ..trust import is_invisible, visible
+from ..trust import inside, is_invisible, visible
 from . import PathRefused
 
 # Matched case-insensitively against every component of a path.
@@ -101,3 +102,26 @@ def resolve_path(project, path: str) -> str:
         if reason:
             raise PathRefused(f"{path}: {reason}")
     return target
+
+DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_directory(path: str, make_below: str | None = None) -> int:
+    """A descriptor of the directory at PATH, a real absolute path, reached one component at
+    a time from / without following a symlink; missing directories below MAKE_BELOW (the
+    root) are made on the way. Raises OSError when a component is a link or not a directory.
+    """
+    descriptor, reached = os.open("/", DIRECTORY_FLAGS), "/"
+    try:
+        for part in filter(None, path.split("/")):
+            reached = os.path.join(reached, part)
+            if make_below and reached != make_below and inside(reached, make_below):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=descriptor)
+            following = os.open(part, DIRECTORY_FLAGS, dir_fd=descriptor)
+            os.close(descriptor)
+            descriptor = following
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor

@@ -4,7 +4,7 @@ from dataclasses import dataclass, replace
 
 import pathspec
 
-from ..trust import environment_secrets, find_program
+from ..trust import environment_secrets, find_program, find_python
 from . import PathRefused
 from .paths import is_secret_name, load_ignore_rules
 from .read import read_if_text
@@ -78,7 +78,8 @@ def open_project(root: str) -> Project:
     secret_files = find_secret_files(real_root)
     return Project(root=real_root, **read_rules(real_root), secret_files=secret_files,
                    secret_values=frozenset(environment_secrets() | planted_secrets(secret_files)),
-                   programs={name: find_program(name, real_root) for name in TRUSTED_PROGRAMS})
+                   programs={**{name: find_program(name, real_root) for name in TRUSTED_PROGRAMS},
+                             "python": find_python(real_root)})
 
 def current(project: Project) -> Project:
     """PROJECT, with its rules read again if a rules file changed since they were read."""

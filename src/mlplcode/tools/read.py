@@ -3,7 +3,7 @@ import os
 import stat
 
 from . import PathRefused, observation
-from .paths import resolve_path
+from .paths import open_directory, resolve_path
 
 def count_lines(text: str) -> int:
     """Count lines as editors and PATCH number them: a last line without a newline counts."""
@@ -48,26 +48,38 @@ def check_regular(info: os.stat_result, shown: str) -> None:
 def read_bytes(path: str, shown: str) -> bytes:
     """Read a resolved file whole, after checking that it is a regular file of modest size.
 
-    The file is opened without following a symlink and without blocking, and the
-    checks are repeated on what was opened, so a file swapped after resolve_path is
-    refused, not read.
+    The file and every directory on its way are opened without following a symlink,
+    the file without blocking, and the checks are repeated on what was opened, so a
+    file or directory swapped after resolve_path is refused, not read.
     """
+    missing = PathRefused(f"{shown}: no such file; use SEARCH to find the right path")
+    changed = PathRefused(f"{shown}: changed while it was being opened; try again")
     try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        raise PathRefused(f"{shown}: no such file; use SEARCH to find the right path") from None
-    check_regular(info, shown)
-    if info.st_size > READ_CAP_BYTES:
-        raise PathRefused(f"{shown}: {info.st_size} bytes is over the read cap of"
-                          f" {READ_CAP_BYTES} bytes; use SEARCH to find the lines you need")
+        directory = open_directory(os.path.dirname(path))
+    except OSError:  # a directory on the way is missing, or is now a link: it was judged real
+        moved = os.path.realpath(os.path.dirname(path)) != os.path.dirname(path)
+        raise (changed if moved else missing) from None
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        raise PathRefused(f"{shown}: changed while it was being opened; try again") from None
+        name = os.path.basename(path)
+        try:
+            info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        except FileNotFoundError:
+            raise missing from None
+        check_regular(info, shown)
+        if info.st_size > READ_CAP_BYTES:
+            raise PathRefused(f"{shown}: {info.st_size} bytes is over the read cap of"
+                              f" {READ_CAP_BYTES} bytes; use SEARCH to find the lines you need")
+        try:
+            descriptor = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                                 dir_fd=directory)
+        except OSError:
+            raise changed from None
+    finally:
+        os.close(directory)
     with os.fdopen(descriptor, "rb") as file:
         opened = os.fstat(file.fileno())
         if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
-            raise PathRefused(f"{shown}: changed while it was being opened; try again")
+            raise changed
         check_regular(opened, shown)
         data = file.read(READ_CAP_BYTES + 1)
     if len(data) > READ_CAP_BYTES:

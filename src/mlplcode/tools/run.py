@@ -3,17 +3,20 @@ import contextlib
 import os
 import re
 import select
+import shutil
 import signal
+import stat
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
 from ..commands import CommandRefused, parse_command, program_argv
-from ..trust import child_environment, limit_resources, sandbox_argv
+from ..trust import child_environment, inside, interpreter_directories, limit_resources, sandbox_argv
 from . import failure, observation
-from .paths import resolve_path
-from .write import AGENT_FILES
+from .paths import ignore_rules, open_directory, resolve_path
+from .write import AGENT_FILES, GIT_DIRECTORY_NAMES, GIT_FILES
 
 # Repository settings that make git status or diff run a program or read another repository.
 RISKY_GIT_SETTINGS = re.compile(r"filter\.|include\.|includeif\.|core\.worktree|core\.fsmonitor"
@@ -26,6 +29,38 @@ def risky_git_settings(git: str, root: str, environment: dict) -> list[str]:
                             env=environment, stdin=subprocess.DEVNULL, capture_output=True,
                             text=True, errors="replace", timeout=10)
     return [name for name in listed.stdout.split() if RISKY_GIT_SETTINGS.match(name)]
+
+def repository_of(root: str) -> str:
+    """The work tree of the repository ROOT lies in: ROOT or the nearest directory above it
+    that holds a .git; ROOT itself when none does."""
+    directory = root
+    while not os.path.lexists(os.path.join(directory, ".git")):
+        if os.path.dirname(directory) == directory:
+            return root
+        directory = os.path.dirname(directory)
+    return directory
+
+
+def git_variables(top: str) -> dict:
+    """The environment that points git at the repository of work tree TOP and no other."""
+    return {"GIT_DIR": os.path.join(top, ".git"), "GIT_WORK_TREE": top,
+            "GIT_CEILING_DIRECTORIES": os.path.dirname(top)}
+
+def repository_directories(top: str) -> list[str]:
+    """What git reads of the repository of work tree TOP: its .git and, when .git is a file
+    that points elsewhere, the directory it names and that one's common directory."""
+    dot_git = os.path.join(top, ".git")
+    found = [dot_git]
+    if os.path.isfile(dot_git) and not os.path.islink(dot_git):
+        with open(dot_git, encoding="utf-8", errors="replace") as file:
+            first = file.readline()
+        if first.startswith("gitdir: "):
+            found.append(os.path.realpath(os.path.join(top, first[len("gitdir: "):].strip())))
+            common = os.path.join(found[-1], "commondir")
+            if os.path.isfile(common):
+                with open(common, encoding="utf-8", errors="replace") as file:
+                    found.append(os.path.realpath(os.path.join(found[-1], file.read().strip())))
+    return [path for path in found if os.path.isdir(path) or path == dot_git]
 
 RUN_TIMEOUT_SECONDS = 120
 OUTPUT_HEAD_BYTES = 4000
@@ -69,17 +104,87 @@ def kill_group(process: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
 
-def protected_paths(root: str) -> list[str]:
-    """What a sandboxed program may read but not change: .git and the agent's own files."""
-    names = (".git", *AGENT_FILES)
-    return [os.path.join(root, name) for name in names if os.path.exists(os.path.join(root, name))]
+GIT_NAMES = (".git", *GIT_FILES)
 
-def run_process(argv: list[str], project) -> tuple[int, Output] | None:
+
+def stamp(path: str) -> tuple:
+    """What tells the file at PATH from another one put in its place: inode and kind."""
+    info = os.lstat(path)
+    return info.st_ino, stat.S_IFMT(info.st_mode)
+
+def survey(root: str, rules, secret_files) -> tuple[list[str], dict]:
+    """One walk of the root, links not followed: the paths to mask in the sandbox, and git's
+    metadata with the stamp of each.
+
+    Masked are SECRET_FILES, what RULES (.mlplcodeignore, or None) excludes, and the
+    other names of any file among them. Git's metadata is every .git, .gitattributes
+    and .gitmodules, and every directory that holds HEAD, objects and refs.
+    """
+    secret, masked, metadata, names, hidden = set(secret_files), [], {}, {}, set()
+    pending = [(root, "", False)]
+    while pending:
+        directory, relative_dir, under_mask = pending.pop()
+        try:
+            with os.scandir(directory) as listing:
+                entries = list(listing)
+        except OSError:
+            continue
+        if GIT_DIRECTORY_NAMES <= {entry.name for entry in entries}:
+            metadata[directory] = stamp(directory)
+        for entry in entries:
+            if entry.name.casefold() in GIT_NAMES:
+                metadata[entry.path] = stamp(entry.path)
+                continue
+            if entry.is_symlink():
+                continue
+            is_dir = entry.is_dir(follow_symlinks=False)
+            relative = relative_dir + entry.name + ("/" if is_dir else "")
+            masks = not under_mask and (entry.path in secret
+                                        or bool(rules and rules.match_file(relative)))
+            if masks:
+                masked.append(entry.path)
+            if is_dir:
+                pending.append((entry.path, relative, under_mask or masks))
+            elif under_mask or masks:
+                hidden.add(entry.inode())
+            else:
+                names.setdefault(entry.inode(), []).append(entry.path)
+    return masked + [path for inode in hidden for path in names.get(inode, [])], metadata
+
+def remove_planted(root: str, before: dict) -> list[str]:
+    """Remove git's metadata that is new since BEFORE, or not the same file: a .git or git
+    file whole, the HEAD of a directory that became a repository. Gives what was removed."""
+    removed = []
+    for path, mark in sorted(survey(root, None, ())[1].items()):
+        if before.get(path) == mark:
+            continue
+        if os.path.basename(path).casefold() not in GIT_NAMES:
+            path = os.path.join(path, "HEAD")
+        directory = open_directory(os.path.dirname(path))
+        try:
+            name = os.path.basename(path)
+            if stat.S_ISDIR(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode):
+                shutil.rmtree(name, dir_fd=directory)
+            else:
+                os.unlink(name, dir_fd=directory)
+        finally:
+            os.close(directory)
+        removed.append(os.path.relpath(path, root))
+    return removed
+
+def protected_paths(root: str, metadata: dict) -> list[str]:
+    """What a sandboxed program may read but not change: the agent's own files, git's metadata."""
+    paths = [os.path.join(root, name) for name in AGENT_FILES] + sorted(metadata)
+    return [path for path in paths if os.path.lexists(path) and not os.path.islink(path)]
+
+def run_process(argv: list[str], project, protected: list[str], masked: list[str],
+                variables: dict) -> tuple[int, Output] | None:
     """Run argv in the root without a shell; give (exit code, output), or None on timeout.
 
-    With bubblewrap, the program runs in its sandbox (chapter "Trust"); either way it
-    gets the allow-listed environment, a fresh HOME, rlimits, /dev/null as stdin, and
-    a new session whose whole process group is killed on timeout.
+    With bubblewrap, the program runs in its sandbox (chapter "Trust"), PROTECTED paths
+    read-only and MASKED ones emptied; either way it gets the allow-listed environment
+    and VARIABLES, a fresh HOME, rlimits, /dev/null as stdin, and a new session whose
+    whole process group is killed however run_process ends, an interrupt included.
     """
     deadline, root, bwrap = time.monotonic() + RUN_TIMEOUT_SECONDS, project.root, project.programs["bwrap"]
     with tempfile.TemporaryDirectory(prefix="mlplcode-run-") as scratch:
@@ -87,15 +192,15 @@ def run_process(argv: list[str], project) -> tuple[int, Output] | None:
         if bwrap:
             empty = os.path.join(scratch, "empty")
             open(empty, "w").close()
-            argv = sandbox_argv(bwrap, argv, root, protected_paths(root), project.secret_files, empty)
+            argv = sandbox_argv(bwrap, argv, root, interpreter_directories(), protected, masked, empty)
         with subprocess.Popen(argv, cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, env=child_environment(root, home),
+                              stderr=subprocess.STDOUT, env={**child_environment(root, home), **variables},
                               start_new_session=True, preexec_fn=limit_resources) as process:
-            output = drain(process, deadline)
-            kill_group(process)
-            if output is None:
-                return None
-    return process.returncode, output
+            try:
+                output = drain(process, deadline)
+            finally:
+                kill_group(process)
+    return None if output is None else (process.returncode, output)
 
 PYTEST_FAILURE_SUMMARY = re.compile(r"\b\d+ (failed|errors?)\b")
 
@@ -126,8 +231,10 @@ def show_output(output: Output, root: str) -> str:
 def run_command(action: dict, project) -> dict:
     """RUN: run pytest or git status/diff in the root; report the exit code and capped output.
 
-    Refuses every other program, option and path, and anything written for a shell,
-    before anything starts. A non-zero exit code is a result, not a tool failure.
+    Refuses every other program, option and path, anything written for a shell, and
+    the tests when their Python lies in the project, before anything starts. A
+    non-zero exit code is a result, not a tool failure. Git metadata the run created
+    is removed, and named.
     """
     try:
         kind, argv, paths = parse_command(action["command"])
@@ -137,22 +244,37 @@ def run_command(action: dict, project) -> dict:
         resolve_path(project, path)
     root, sandboxed = project.root, project.programs["bwrap"] is not None
     mode = "sandboxed" if sandboxed else "unsandboxed"
+    variables, repository = {}, []
+    if kind == "run" and not project.programs["python"]:
+        return failure(f"the Python that runs mlplcode ({sys.executable}) lies inside the project,"
+                       " where a write could change what it runs on this machine; install"
+                       " mlplcode outside the project (pipx, or a virtual environment elsewhere)")
     if kind == "git":
         if not project.programs["git"]:
             return failure("git is not installed on this machine; RUN git status or diff is unavailable")
-        risky = risky_git_settings(project.programs["git"], root, child_environment(root, root))
+        top = repository_of(root)
+        variables = git_variables(top)
+        repository = [path for path in repository_directories(top) if not inside(path, root)]
+        risky = risky_git_settings(project.programs["git"], root,
+                                   {**child_environment(root, root), **variables})
         if risky:
             return failure(f"the repository sets {', '.join(risky)}, which git status or diff"
                            " could act on; RUN git is refused in this repository")
-    result = run_process(program_argv(kind, argv), project)
+    masked, metadata = survey(root, ignore_rules(project, ".mlplcodeignore"), project.secret_files)
+    try:
+        result = run_process(program_argv(kind, argv, paths, project.programs), project,
+                             protected_paths(root, metadata) + repository, masked, variables)
+    finally:
+        planted = remove_planted(root, metadata)
+    removed = [f"[removed what the run created that git would obey: {', '.join(planted)}]"] * bool(planted)
     if result is None:
-        return failure(f"timed out after {RUN_TIMEOUT_SECONDS:g} s and was killed ({mode});"
-                       " run fewer tests (one file, -x) or fix what hangs")
+        return failure("\n".join([f"timed out after {RUN_TIMEOUT_SECONDS:g} s and was killed ({mode});"
+                                  " run fewer tests (one file, -x) or fix what hangs", *removed]))
     exit_code, output = result[0], show_output(result[1], root)
     fields = {"exit_code": exit_code, "kind": kind, "sandboxed": sandboxed}
     if kind == "run":
         fields["passed"] = pytest_passed(exit_code, output)
-    return observation(f"exit code {exit_code} ({mode})\n{output}", **fields)
+    return observation("\n".join([f"exit code {exit_code} ({mode})", *removed, output]), **fields)
 
 def check_run(action: dict, project) -> None:
     """Refuse, as RUN would, a path operand that names a path the tools may not use."""

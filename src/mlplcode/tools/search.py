@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pathspec
 
 from . import failure, observation
-from .paths import SECRET_NAME_PATTERNS, denial_reason, ignore_rules
+from .paths import SECRET_NAME_PATTERNS, denial_reason, ignore_rules, spelling_problem
 from .read import READ_CAP_BYTES, read_if_text
 
 SEARCH_MAX_MATCHES = 50
@@ -90,6 +90,16 @@ def ripgrep_command(project, query: str) -> list[str]:
             command += ["--ignore-file", name]
     return command + ["--regexp", query, "."]
 
+def ripgrep_records(lines: Iterator[bytes]) -> Iterator[bytes]:
+    """The records of `rg --null` output, each whole though its path may hold newlines."""
+    pending = b""
+    for line in lines:
+        pending += line
+        if b"\0" in pending:
+            yield pending
+            pending = b""
+
+
 def parse_ripgrep_line(raw: bytes) -> Match:
     """Split one line of `rg --null` output, `./path NUL number : text`, into a Match."""
     path, _, rest = raw.removesuffix(b"\n").partition(b"\0")
@@ -110,7 +120,7 @@ def ripgrep_matches(project, query: str, deadline: float) -> Iterator[Match]:
         alarm.start()
         try:
             current, is_text = None, False
-            for raw in rg.stdout:
+            for raw in ripgrep_records(rg.stdout):
                 match = parse_ripgrep_line(raw)
                 if match.path != current:
                     current = match.path
@@ -123,8 +133,14 @@ def ripgrep_matches(project, query: str, deadline: float) -> Iterator[Match]:
             alarm.cancel()
             rg.kill()
 
-def first_files(matches: Iterator[Match]) -> tuple[list[Match], str]:
-    """Keep the matches of the first SEARCH_MAX_FILES files; say why the search stopped early.
+def unnameable(path: str) -> bool:
+    """Whether READ could not be given PATH: it holds a newline or what spelling_problem refuses."""
+    return "\n" in path or spelling_problem(path) is not None
+
+
+def first_files(matches: Iterator[Match]) -> tuple[list[Match], str, int]:
+    """Keep the matches of the first SEARCH_MAX_FILES files; say why the search stopped early,
+    and how many matching files were left out because READ could not name them.
 
     The reason is "" when it ran to the end, else a phrase for the summary line:
     stopping at the file cap or the deadline bounds the time and memory of a
@@ -132,25 +148,31 @@ def first_files(matches: Iterator[Match]) -> tuple[list[Match], str]:
     """
     kept: list[Match] = []
     files: set[str] = set()
+    unnamed: set[str] = set()
     try:
         for match in matches:
+            if unnameable(match.path):
+                unnamed.add(match.path)
+                continue
             if match.path not in files:
                 if len(files) == SEARCH_MAX_FILES:
-                    return kept, f"more files match after the first {SEARCH_MAX_FILES}"
+                    return kept, f"more files match after the first {SEARCH_MAX_FILES}", len(unnamed)
                 files.add(match.path)
             kept.append(match)
     except SearchTimedOut:
-        return kept, f"the search stopped after {SEARCH_SECONDS:g} s"
-    return kept, ""
+        return kept, f"the search stopped after {SEARCH_SECONDS:g} s", len(unnamed)
+    return kept, "", len(unnamed)
 
-def format_matches(query: str, matches: list[Match], stopped: str) -> str:
+def format_matches(query: str, matches: list[Match], stopped: str, unnamed: int) -> str:
     """Render at most SEARCH_MAX_MATCHES matches as `path:line: text`.
 
     Long lines are cut, and a final line says how much was left out, so the
     model knows its answer is partial and can narrow the query.
     """
+    left_out = (f"[{unnamed} matching file(s) left out: a name holds a newline or a character"
+                " READ refuses]") if unnamed else ""
     if not matches and not stopped:
-        return f"no matches for {query!r}"
+        return "\n".join(filter(None, [f"no matches for {query!r}", left_out]))
     lines = [f"{match.path}:{match.line_number}: {match.text[:SEARCH_LINE_CHARS]}"
              for match in matches[:SEARCH_MAX_MATCHES]]
     cut = matches[SEARCH_MAX_MATCHES:]
@@ -161,7 +183,7 @@ def format_matches(query: str, matches: list[Match], stopped: str) -> str:
                      " narrow the query]")
     elif stopped:
         lines.append(f"[... {stopped}; narrow the query]")
-    return "\n".join(lines)
+    return "\n".join(filter(None, [*lines, left_out]))
 
 def search_files(action: dict, project) -> dict:
     """SEARCH: find a literal string in the project's text files, with ripgrep when installed.
@@ -180,5 +202,5 @@ def search_files(action: dict, project) -> dict:
     else:
         found = python_matches(project, query, deadline)
     with contextlib.closing(found):
-        matches, stopped = first_files(found)
-    return observation(format_matches(query, matches, stopped))
+        matches, stopped, unnamed = first_files(found)
+    return observation(format_matches(query, matches, stopped, unnamed))

@@ -1,50 +1,93 @@
 """Writing and patching: whole files replaced atomically, and one exact occurrence replaced."""
 import difflib
+import errno
 import os
+import secrets
 import stat
-import tempfile
 
 from . import PathRefused, failure, observation
-from .paths import resolve_path
+from .paths import open_directory, resolve_path
 from .read import READ_CAP_BYTES, check_regular, count_lines, read_text
 
-def write_atomically(path: str, content: str) -> None:
+def write_atomically(path: str, content: str, root: str, shown: str) -> None:
     """Replace a file's content so that a crash leaves either the old file or the new one.
 
-    The temporary file sits in the same directory, since os.replace is atomic only
-    within one file system, and is removed if anything fails. The old file's mode
-    is kept; a new file gets 0644.
+    Every step is taken relative to the directory, reached from / without following a
+    link (missing directories below ROOT are made), so no swap on the way can move
+    the write elsewhere. The old file's mode is kept; a new file gets 0644.
     """
-    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o644
-    descriptor, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".mlplcode-",
-                                             suffix=".tmp")
     try:
-        with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as file:
-            file.write(content)
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
+        directory = open_directory(os.path.dirname(path), make_below=root)
+    except OSError as problem:
+        if problem.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise PathRefused(f"{shown}: changed while it was being written; try again") from None
         raise
+    try:
+        name, temporary = os.path.basename(path), f".mlplcode-{secrets.token_hex(8)}.tmp"
+        try:
+            info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+            check_regular(info, shown)
+            mode = stat.S_IMODE(info.st_mode)
+        except FileNotFoundError:
+            mode = 0o644
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600, dir_fd=directory)
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as file:
+                file.write(content)
+                file.flush()
+                os.fsync(file.fileno())
+                os.fchmod(file.fileno(), mode)
+            os.replace(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+        except BaseException:
+            os.unlink(temporary, dir_fd=directory)
+            raise
+    finally:
+        os.close(directory)
 
 # The agent's own files: the user's list of what it may not see, and its policy files.
 AGENT_FILES = (".mlplcodeignore", ".mlplcode")
+# What git obeys besides .git: attributes (filters, diff drivers) and submodules.
+GIT_FILES = (".gitattributes", ".gitmodules")
+# A directory holding all three is a repository to git, whatever its name.
+GIT_DIRECTORY_NAMES = frozenset({"HEAD", "objects", "refs"})
 
+def git_directory_made(root: str, relative: str) -> str | None:
+    """The directory on the way to RELATIVE (the root included) that holds, or would hold
+    once RELATIVE is written, HEAD, objects and refs; None when there is none."""
+    directory = root
+    for part in relative.split("/"):
+        present = {name for name in GIT_DIRECTORY_NAMES
+                   if os.path.lexists(os.path.join(directory, name))}
+        if GIT_DIRECTORY_NAMES <= present | {part}:
+            return os.path.relpath(directory, root)
+        directory = os.path.join(directory, part)
+    return None
 
 def writable_path(project, shown: str) -> str:
     """Resolve a path for WRITE or PATCH.
 
     Besides what resolve_path refuses, refuses a directory, a file that is not
-    regular or has other names, and the agent's own files: the agent may not
-    unhide what the user hid from it, nor change its own policy.
+    regular or has other names, the agent's own files, git's metadata (attributes,
+    submodules, a directory that is or would become a repository), and a link that
+    gives the file another name.
     """
     path = resolve_path(project, shown)
     relative = os.path.relpath(path, project.root).replace(os.sep, "/")
+    name = relative.rsplit("/", 1)[-1]
     if relative.split("/")[0].casefold() in AGENT_FILES:
         raise PathRefused(f"{shown}: {relative.split('/')[0]} holds the agent's own rules;"
                           " the agent may not change it")
+    if name.casefold() in GIT_FILES:
+        raise PathRefused(f"{shown}: git obeys {name} (its filters and drivers run programs);"
+                          " the agent does not write git's metadata")
+    repository = git_directory_made(project.root, relative)
+    if repository:
+        raise PathRefused(f"{shown}: {repository} would hold HEAD, objects and refs, which makes"
+                          " it a repository git obeys; the agent does not write git's metadata")
+    if name != shown.rstrip("/").rsplit("/", 1)[-1]:
+        raise PathRefused(f"{shown}: leads to {relative}; write it by its own name, so the"
+                          " approval shows what it is")
     if os.path.lexists(path):
         info = os.lstat(path)
         if stat.S_ISDIR(info.st_mode):
@@ -52,11 +95,23 @@ def writable_path(project, shown: str) -> str:
         check_regular(info, shown)
     return path
 
+INTERPRETER_FILES = ("sitecustomize.py", "usercustomize.py")
+
+
+def write_category(path: str) -> str:
+    """The policy category of a WRITE or PATCH of PATH: "interpreter" for a file Python runs
+    at every start (.pth, sitecustomize.py, usercustomize.py), else "write"."""
+    name = path.rstrip("/").rsplit("/", 1)[-1].casefold()
+    return "interpreter" if name.endswith(".pth") or name in INTERPRETER_FILES else "write"
+
 WRITE_CAP_BYTES = READ_CAP_BYTES
 
 
-def check_size(content: str, shown: str) -> None:
-    """Refuse content over the write cap: what the agent writes, it must be able to READ back."""
+def check_content(content: str, shown: str) -> None:
+    """Refuse content that READ could not read back: over the write cap, or holding a NUL."""
+    if "\0" in content:
+        raise PathRefused(f"{shown}: the content holds a NUL byte, which makes a file that READ"
+                          " and PATCH refuse as binary; write text only")
     size = len(content.encode("utf-8", "surrogatepass"))
     if size > WRITE_CAP_BYTES:
         raise PathRefused(f"{shown}: {size} bytes is over the write cap of {WRITE_CAP_BYTES}"
@@ -69,9 +124,8 @@ def write_file(action: dict, project) -> dict:
     """
     shown, content = action["path"], action["content"]
     path = writable_path(project, shown)
-    check_size(content, shown)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_atomically(path, content)
+    check_content(content, shown)
+    write_atomically(path, content, project.root, shown)
     return observation(f"wrote {shown} ({count_lines(content)} lines)")
 
 def line_number(text: str, index: int) -> int:
@@ -138,17 +192,18 @@ def patch_file(action: dict, project) -> dict:
         return failure(ambiguous_message(shown, text, starts))
     start = starts[0]
     patched = text[:start] + new + text[start + len(old):]
-    check_size(patched, shown)
-    write_atomically(path, patched)
+    check_content(patched, shown)
+    write_atomically(path, patched, project.root, shown)
     first, last = line_number(text, start), line_number(text, start + len(old) - 1)
     return observation(f"patched {shown}: replaced lines {first}-{last}")
 
 def check_write(action: dict, project) -> None:
-    """Refuse, as WRITE would, a target it cannot write or content over the cap."""
+    """Refuse, as WRITE would, a target it cannot write or content it would refuse."""
     writable_path(project, action["path"])
-    check_size(action["content"], action["path"])
+    check_content(action["content"], action["path"])
 
 
 def check_patch(action: dict, project) -> None:
-    """Refuse, as PATCH would, a target it cannot write."""
+    """Refuse, as PATCH would, a target it cannot write or a NEW it would refuse."""
     writable_path(project, action["path"])
+    check_content(action["new"], action["path"])
