@@ -196,6 +196,6 @@ def sandbox_argv(bwrap, argv, root, interpreter, protected, masked, empty):
 def sandbox_banner(bwrap):
     """One line for the top of a run: whether RUN is sandboxed (BWRAP found), and what that means."""
     if bwrap:
-        return "sandboxed by bubblewrap (no network, read-only outside the project, no leftover process)"
+        return "sandboxed by bubblewrap (no network, nothing of the machine but its system files, no leftover process)"
     return ("unsandboxed: bubblewrap (bwrap) not found; tests run with your user's files"
             " and network")
