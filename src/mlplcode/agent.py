@@ -14,6 +14,7 @@ from .prompt import Rendered, build_context
 from .show import as_html, as_markdown, as_text, report_views
 from .tools.project import open_project
 from .trust import inside
+from .verify import snapshot_tests
 
 PYTHON_WORDS = {"step": "step()", "decide": "approve() or deny(reason)",
                 "start": "Agent.start(task, root, model)", "resume": "resume()"}
@@ -68,9 +69,10 @@ class Agent:
         journal = journal_path(journal, root, run)
         model_from_spec(model, **options)
         os.makedirs(os.path.dirname(journal), exist_ok=True)
+        root = os.path.realpath(root)
         append_event(journal, {"type": "start", "task": task, "budget": budget, "policy": policy,
                                "model": lasting_spec(model), "model_options": options,
-                               "root": os.path.realpath(root), "run": run})
+                               "root": root, "run": run, "tests": snapshot_tests(root)})
         return cls(journal, on_event, on_retry)
 
     def __init__(self, journal, on_event=None, on_retry=None):

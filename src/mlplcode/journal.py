@@ -26,7 +26,7 @@ def sync_journal(path):
 
 EVENT_FIELDS = {
     "start": {"task": str, "budget": int, "policy": dict, "model": str, "model_options": dict,
-              "root": str, "run": str},
+              "root": str, "run": str, "tests": dict},
     "note": {"text": str},
     "reply": {"step": int, "text": str},
     "action": {"step": int, "action": dict},
@@ -47,10 +47,25 @@ def event_problem(event, index, steps):
             return f"a {kind} event needs {name} ({expected.__name__})"
     if (kind == "start") != (index == 0):
         return "a journal has one start event, on its first line"
+    if kind == "start":
+        return tests_problem(event["tests"])
     if kind == "reply" and event["step"] != steps + 1:
         return f"step {event['step']} follows step {steps}"
     if kind in ("action", "verdict", "decision", "observation") and event["step"] != steps:
         return f"a {kind} of step {event['step']} after the reply of step {steps}"
+    return ""
+
+TEST_ENTRY_FIELDS = {"sha256", "text", "link", "other"}
+
+
+def tests_problem(tests):
+    """What is wrong with a start event's record of the tests, or ""."""
+    for path, entry in tests.items():
+        if os.path.isabs(path) or os.path.normpath(path) != path or path.split("/")[0] == ".." or "\0" in path:
+            return f"tests: {path!r} is not a path inside the root"
+        if (not isinstance(entry, dict) or not entry or set(entry) - TEST_ENTRY_FIELDS
+                or not all(isinstance(value, str) for value in entry.values())):
+            return f"tests: the entry of {path} is not one verification wrote"
     return ""
 
 def read_events(path):
