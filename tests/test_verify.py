@@ -10,7 +10,7 @@ from mlplcode import Agent
 from mlplcode.cli import replay
 from mlplcode.journal import append_event, read_events
 from mlplcode.policy import DEFAULT_POLICY, always
-from mlplcode.verify import decides_tests, snapshot_tests
+from mlplcode.verify import copy_project, decides_tests, snapshot_tests
 
 CALC = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
 TESTS = ("from calc import add, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
@@ -131,6 +131,13 @@ def test_a_test_that_rewrites_the_other_tests_when_it_runs(wrong, tmp_path):
     assert_not_verified(agent, "changed test_calc.py", "created test_aaa.py")
 
 
+def test_a_new_test_module_that_patches_the_code_under_test_when_it_is_imported(wrong, tmp_path):
+    patching = ("WRITE test_aaa.py\nimport calc\n\ncalc.add = lambda a, b: a + b\n\n\n"
+                "def test_aaa():\n    pass\nEND")
+    agent = run(wrong, [patching, RUN, "DONE add is fixed"], tmp_path)
+    assert_not_verified(agent, "created test_aaa.py")
+
+
 def test_a_test_that_rewrites_the_others_and_puts_everything_back(wrong, tmp_path):
     rewriter = REWRITER.replace("import pathlib\n\n", (
         "import atexit\nimport os\nimport pathlib\n\n"
@@ -144,6 +151,39 @@ def test_a_test_that_rewrites_the_others_and_puts_everything_back(wrong, tmp_pat
     assert "(no file that decides the tests differs)" in text
 
 
+def test_a_conftest_reached_through_a_link_into_the_project(wrong, tmp_path):
+    """A new conftest.py that drops test_add, and a test that links helpers to its directory by an absolute
+    path. (The project lies under /tmp, which the sandbox hides, so the link's copy is checked on its own,
+    in the next test.)"""
+    dropping = ("WRITE cheat/conftest.py\ndef pytest_collection_modifyitems(config, items):\n"
+                "    items[:] = [item for item in items if item.name != 'test_add']\nEND")
+    linking = ("WRITE test_link.py\nimport os\n\nhere = os.path.dirname(os.path.abspath(__file__))\n"
+               "if not os.path.lexists(os.path.join(here, 'helpers')):\n"
+               "    os.symlink(os.path.join(here, 'cheat'), os.path.join(here, 'helpers'))\n\n\n"
+               "def test_link():\n    pass\nEND")
+    agent = run(wrong, [dropping, linking, RUN, "DONE add is fixed"], tmp_path)
+    assert os.readlink(os.path.join(wrong, "helpers")) == os.path.join(wrong, "cheat")
+    assert_not_verified(agent, "created cheat/conftest.py", "created test_link.py")
+
+
+def test_the_copy_leads_links_into_the_project_to_the_copy_and_leaves_out_what_it_must(tmp_path):
+    source, target = tmp_path / "project", tmp_path / "copy"
+    for path, text in {"cheat/conftest.py": "x", "calc.py": "c", ".env": "SECRET=1", ".git/config": "g",
+                       "__pycache__/calc.pyc": "b", "run.sh": "#!/bin/sh\n"}.items():
+        os.makedirs(os.path.dirname(source / path), exist_ok=True)
+        (source / path).write_text(text)
+    os.chmod(source / "run.sh", 0o755)
+    os.symlink(source / "cheat", source / "helpers")
+    os.symlink("/usr", source / "outside")
+    os.mkfifo(source / "pipe")
+    copy_project(str(source), str(target))
+    assert os.readlink(target / "helpers") == str(target / "cheat")
+    assert os.readlink(target / "outside") == "/usr"
+    assert (target / ".env").read_text() == "" and (target / "calc.py").read_text() == "c"
+    assert os.stat(target / "run.sh").st_mode & 0o777 == 0o755
+    assert not any(os.path.lexists(target / name) for name in (".git", "__pycache__", "pipe"))
+
+
 @pytest.mark.parametrize("command", ["python -m pytest -q -k sub", "pytest -q test_calc.py::test_sub"])
 def test_a_test_run_that_chose_only_the_passing_tests(wrong, tmp_path, command):
     agent = run(wrong, ["READ calc.py", TOUCH_CODE, f"RUN {command}", "DONE add is fixed"], tmp_path)
@@ -153,6 +193,7 @@ def test_a_test_run_that_chose_only_the_passing_tests(wrong, tmp_path, command):
 def test_code_that_ends_the_test_run_early_with_status_0(wrong, tmp_path):
     exits = "PATCH calc.py\nOLD\ndef sub(a, b):\nNEW\nimport os\n\nos._exit(0)\n\n\ndef sub(a, b):\nEND"
     agent = run(wrong, ["READ calc.py", exits, RUN, "DONE add is fixed"], tmp_path)
+    assert agent.state.steps[2].observation["passed"] is True  # exit code 0, and no failure printed
     step = done_step(agent)
     assert step.verdict == "ask" and "ended without pytest's summary" in step.reason
     assert step.observation["text"].startswith("NOT VERIFIED: the tests as they were before this run fail"

@@ -90,29 +90,27 @@ def conclude(state, project, record, flags):
     """Verify the DONE of the last step (chapter "Verification"), asking a person when the tests as
     they were fail; or settle the person's answer to that ask."""
     last = state.steps[-1]
-    number, summary = last.number, last.action["summary"]
     if last.approved is None:
-        verified, why = verify_done(state)
-        if not verified:
-            record(observation(number, False, f"NOT VERIFIED: {why}", **flags))
-            return
-        verified, why, changes = verify_tests(state, project)
-        if not verified:
-            record({"type": "verdict", "step": number, "verdict": "ask",
-                    "reason": NOT_VERIFIED + why, "target": changes})
-            return
-        record(observation(number, True, f"DONE accepted{why}", **flags))
+        accepted, why = verify_done(state)
+        if not accepted:
+            text = f"NOT VERIFIED: {why}"
+        else:
+            accepted, why, changes = verify_tests(state, project)
+            if not accepted:
+                record({"type": "verdict", "step": last.number, "verdict": "ask",
+                        "reason": NOT_VERIFIED + why, "target": changes})
+                return
+            text = f"DONE accepted{why}"
+    elif not last.approved:
+        accepted, text = False, f"{last.reason}. {TESTS_ADVICE}\n{last.target['diff']}"
     elif test_changes(state, project) != last.target:
-        record(observation(number, False, "CHANGED: the tests changed while the person was deciding,"
-                           " so nothing was accepted; send DONE again", **flags))
-        return
-    elif last.approved:
-        record(observation(number, True, "DONE accepted by a person, although "
-                           + last.reason.removeprefix(NOT_VERIFIED), **flags))
+        accepted, text = False, ("CHANGED: the tests changed while the person was deciding,"
+                                 " so nothing was accepted; send DONE again")
     else:
-        record(observation(number, False, f"{last.reason}. {TESTS_ADVICE}\n{last.target['diff']}", **flags))
-        return
-    record(stop("done", summary))
+        accepted, text = True, "DONE accepted by a person, although " + last.reason.removeprefix(NOT_VERIFIED)
+    record(observation(last.number, accepted, text, **flags))
+    if accepted:
+        record(stop("done", last.action["summary"]))
 
 def decide(state, approved, reason, project, record):
     """Decide the ask that waits in STATE; return the project as the decision left it."""

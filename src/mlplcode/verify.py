@@ -13,7 +13,7 @@ from .commands import PYTEST_PREFIXES, parse_command
 from .policy import TEST_CONFIGURATION
 from .tools.paths import ignore_rules, is_secret_name
 from .tools.project import open_project
-from .trust import redact
+from .trust import inside, redact
 from .verbs import execute
 
 def succeeded(step, tools):
@@ -215,6 +215,12 @@ def test_changes(state, project, changed=None):
     changed = changed_files(state, project.root) if changed is None else changed
     return {"touched": touches(state, changed), "diff": tests_diff(changed, project)}
 
+def copied_link(source, target, path, link):
+    """What a link at PATH (relative) in the copy TARGET holds, for a link LINK at PATH in SOURCE:
+    the same place in the copy when LINK leads into the project, LINK itself otherwise."""
+    real = os.path.realpath(os.path.join(source, os.path.dirname(path), link))
+    return os.path.join(target, os.path.relpath(real, source)) if inside(real, source) else link
+
 LEFT_OUT = (".git", "__pycache__", ".pytest_cache")
 
 
@@ -229,7 +235,7 @@ def copy_project(source, target):
             if name in LEFT_OUT:
                 continue
             if os.path.islink(path):
-                os.symlink(os.readlink(path), copy)
+                copy_file(source, target, os.path.relpath(path, source))
                 continue
             os.mkdir(copy)
             if not is_secret_name(name):
@@ -237,12 +243,14 @@ def copy_project(source, target):
         subdirectories[:] = entered
         for name in files:
             if name not in LEFT_OUT:
-                copy_file(os.path.join(directory, name), os.path.join(here, name))
+                copy_file(source, target, os.path.relpath(os.path.join(directory, name), source))
 
-def copy_file(path, copy):
-    """Copy one file: a link as a link, a secret as an empty file, a regular file with its mode."""
+def copy_file(source, target, relative):
+    """Copy one file from SOURCE to TARGET: a link as a link, a secret as an empty file,
+    a regular file with its mode."""
+    path, copy = os.path.join(source, relative), os.path.join(target, relative)
     if os.path.islink(path):
-        os.symlink(os.readlink(path), copy)
+        os.symlink(copied_link(source, target, relative, os.readlink(path)), copy)
     elif is_secret_name(os.path.basename(path)):
         open(copy, "w").close()
     else:
@@ -259,8 +267,8 @@ def remove(path):
     elif os.path.lexists(path):
         os.unlink(path)
 
-def put_back(copy, path, entry):
-    """Make PATH in the scratch COPY what ENTRY recorded at the start; remove it when ENTRY is None."""
+def put_back(source, copy, path, entry):
+    """Make PATH in the scratch COPY of SOURCE what ENTRY recorded at the start; remove it when ENTRY is None."""
     directory = copy
     for part in path.split("/")[:-1]:
         directory = os.path.join(directory, part)
@@ -273,7 +281,7 @@ def put_back(copy, path, entry):
     if entry is None:
         return
     if "link" in entry:
-        os.symlink(entry["link"], target)
+        os.symlink(copied_link(source, copy, path, entry["link"]), target)
     else:
         with open(target, "w", encoding="utf-8", newline="") as file:
             file.write(entry["text"])
@@ -292,7 +300,7 @@ def run_starting_tests(project, changed):
         try:
             copy_project(project.root, copy)
             for path, before, _, _ in changed:
-                put_back(copy, path, before)
+                put_back(project.root, copy, path, before)
         except OSError as error:
             return {"ok": False, "text": f"ERROR: the project could not be copied to run them ({error})"}
         copied = replace(open_project(copy), secret_values=project.secret_values)
