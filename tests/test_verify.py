@@ -166,6 +166,19 @@ def test_a_conftest_reached_through_a_link_into_the_project(wrong, tmp_path):
     assert_not_verified(agent, "created cheat/conftest.py", "created test_link.py")
 
 
+def test_a_conftest_planted_under_a_name_that_is_not_utf8(wrong, tmp_path):
+    planting = ("WRITE test_plant.py\nimport os\n\nhere = os.path.dirname(os.path.abspath(__file__)).encode()\n"
+                "os.makedirs(here + b'/tests/\\xff', exist_ok=True)\n"
+                "with open(here + b'/tests/\\xff/conftest.py', 'w') as file:\n"
+                "    file.write('def pytest_collection_modifyitems(config, items):\\n'\n"
+                "               '    items[:] = [item for item in items if item.name != \"test_add\"]\\n')\n\n\n"
+                "def test_plant():\n    pass\nEND")
+    agent = run(wrong, [planting, RUN, RUN, "DONE add is fixed"], tmp_path)
+    assert os.path.exists(os.path.join(wrong.encode(), b"tests/\xff/conftest.py"))
+    text = assert_not_verified(agent, "created tests/\\xff/conftest.py", "created test_plant.py")
+    assert "+++ tests/\\xff/conftest.py (now)" in text
+
+
 def test_the_copy_leads_links_into_the_project_to_the_copy_and_leaves_out_what_it_must(tmp_path):
     source, target = tmp_path / "project", tmp_path / "copy"
     for path, text in {"cheat/conftest.py": "x", "calc.py": "c", ".env": "SECRET=1", ".git/config": "g",

@@ -116,13 +116,23 @@ def file_state(root, path):
                 parts.append(chunk)
     return {"sha256": digest.hexdigest()}, b"".join(parts) if size <= KEPT_TEXT_BYTES else None
 
+def writable_as_text(*texts):
+    """Whether every one of TEXTS can be written as UTF-8: a name read from a file system may hold
+    bytes that are not, kept by Python as lone surrogates."""
+    try:
+        for text in texts:
+            text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
 def snapshot_tests(root):
     """The files under ROOT that decide the tests, as the start event records them:
     {path: entry}, with each file's "text" while the text kept stays within KEPT_TEXT_BYTES."""
     snapshot, kept = {}, 0
     for path in test_files(root):
         entry, data = file_state(root, path)
-        if entry is None:
+        if entry is None or not writable_as_text(path, *entry.values()):
             continue
         try:
             text = data.decode("utf-8") if data is not None else None
@@ -167,9 +177,13 @@ def partial_run(step):
         return f"its last test run ended without pytest's summary of what passed ({command})"
     return ""
 
+def printable_name(name):
+    """NAME, from the file system, with any byte that is not UTF-8 written as an escape such as \\xff."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
 def touches(state, changed):
     """What the run did to what decides the tests, as phrases; empty when it did nothing."""
-    words = [f"{'created' if before is None else 'deleted' if now is None else 'changed'} {path}"
+    words = [f"{'created' if before is None else 'deleted' if now is None else 'changed'} {printable_name(path)}"
              for path, before, now, _ in changed]
     paths = {path for path, _, _, _ in changed}
     written = sorted({os.path.normpath(step.action["path"]).replace(os.sep, "/") for step in state.steps
@@ -188,7 +202,7 @@ def shown_lines(entry, data):
     if entry is None:
         return []
     if "link" in entry:
-        return [f"(a link to {entry['link']})\n"]
+        return [f"(a link to {printable_name(entry['link'])})\n"]
     if "other" in entry:
         return [f"({entry['other']})\n"]
     text = entry.get("text") if data is None else data.decode("utf-8", "replace")
@@ -200,10 +214,11 @@ def tests_diff(changed, project):
     """The files in CHANGED as one unified diff from the start to now, hidden files named only, cut."""
     hidden, parts = ignore_rules(project, ".mlplcodeignore"), []
     for path, before, now, data in changed:
+        shown = printable_name(path)
         if hidden.match_file(path):
-            parts.append(f"{path}: differs (excluded by .mlplcodeignore, so not shown)\n")
+            parts.append(f"{shown}: differs (excluded by .mlplcodeignore, so not shown)\n")
             continue
-        names = (f"{path} (at the start)" if before else "/dev/null", f"{path} (now)" if now else "/dev/null")
+        names = (f"{shown} (at the start)" if before else "/dev/null", f"{shown} (now)" if now else "/dev/null")
         parts += difflib.unified_diff(shown_lines(before, None), shown_lines(now, data), *names)
     text = redact("".join(parts), project.secret_values) or "(no file that decides the tests differs)\n"
     if len(text) > DIFF_CAP_CHARS:
