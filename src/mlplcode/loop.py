@@ -93,7 +93,7 @@ def conclude(state, project, record, flags):
     if last.approved is None:
         accepted, why = verify_done(state)
         if not accepted:
-            text = f"NOT VERIFIED: {why}"
+            text = NOT_VERIFIED + why
         else:
             accepted, why, changes = verify_tests(state, project)
             if not accepted:
