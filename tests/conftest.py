@@ -69,10 +69,12 @@ def install_kernelspec():
 
 
 def start_event(root, task="Add mul and its test", budget=10, policy=None, model="test"):
-    """A start event as every front end writes it."""
+    """A start event as every front end writes it, with the record of the tests under ROOT."""
     from mlplcode.policy import DEFAULT_POLICY
+    from mlplcode.verify import snapshot_tests
     return {"type": "start", "task": task, "budget": budget, "policy": policy or DEFAULT_POLICY,
-            "model": model, "model_options": {}, "root": str(root), "run": "test-run"}
+            "model": model, "model_options": {}, "root": str(root), "run": "test-run",
+            "tests": snapshot_tests(os.path.realpath(root))}
 
 
 class Recorder:

@@ -1,3 +1,4 @@
+import io
 import json
 import os
 import shutil
@@ -178,6 +179,73 @@ def test_the_demo_replays_the_example_to_done_and_leaves_it_untouched(capsys):
         "READ", "READ", "PATCH", "WRITE", "RUN", "DONE"]
     after = {name: open(os.path.join(EXAMPLES, "add", name)).read() for name in before}
     assert after == before
+
+
+def test_the_committed_example_journal_replays_to_the_same_events(tmp_path, capsys):
+    require_tool("bwrap", "the example journal's RUN observation, recorded sandboxed")
+    fresh = shutil.copytree(os.path.join(EXAMPLES, "add"), str(tmp_path / "add"))
+    assert main(["replay", os.path.join(EXAMPLES, "add.journal.jsonl"), "--root", fresh]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "replay: the events are the same as the journal's"
+    assert "DONE accepted; this run changed test_calc.py, and the tests as" in out[-4]
+    assert read_events(os.path.join(EXAMPLES, "add.journal.jsonl"))[-2]["text"].endswith(
+        "the tests as they were before it pass (1 passed)")
+
+
+CHEAT = ["READ test_calc.py", "WRITE test_calc.py\ndef test_add():\n    assert True\nEND",
+         "RUN python -m pytest -q", "DONE add works"]
+
+
+@pytest.fixture
+def cheat(tmp_path):
+    path = tmp_path / "cheat.json"
+    path.write_text(json.dumps(CHEAT))
+    return str(path)
+
+
+def test_with_yes_a_done_whose_tests_changed_is_shown_with_the_diff_and_accepted(project, cheat, capsys):
+    open(os.path.join(project, "calc.py"), "w").write("def add(a, b):\n    return a - b\n")
+    assert main(["run", "Fix add", "--root", project, "--model", f"scripted:{cheat}", "--yes"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    asked = out.index("step  4  NOT VERIFIED: the tests as they were before this run fail (test_calc.py::test_add);"
+                      " this run changed test_calc.py")
+    assert out[asked + 1:asked + 3] == ["--- test_calc.py (at the start)", "+++ test_calc.py (now)"]
+    assert "+    assert True" in out[asked:]
+    assert "ask, approved    DONE accepted by a person, although" in out[-3]
+    assert out[-2:] == ["done: add works", "stop: done"]
+
+
+def test_with_no_a_done_whose_tests_changed_is_refused_and_the_run_goes_on(project, cheat, capsys):
+    open(os.path.join(project, "calc.py"), "w").write("def add(a, b):\n    return a - b\n")
+    assert main(["run", "Fix add", "--root", project, "--model", f"scripted:{cheat}", "--no",
+                 "--policy", write_allowed(project), "--budget", "4"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "ask, declined    NOT VERIFIED: the tests as they were" in out[-3]
+    assert out[-2:] == ["budget: all 4 steps used", "stop: budget"]
+
+
+def write_allowed(project):
+    path = os.path.join(os.path.dirname(project), "write.json")
+    open(path, "w").write('{"write": "allow"}')
+    return path
+
+
+class Terminal(io.StringIO):
+    """Standard input as a person at a terminal would give it."""
+
+    def isatty(self):
+        return True
+
+
+def test_at_a_terminal_a_person_accepts_a_done_whose_tests_changed(project, cheat, monkeypatch, capsys):
+    open(os.path.join(project, "calc.py"), "w").write("def add(a, b):\n    return a - b\n")
+    monkeypatch.setattr("sys.stdin", Terminal("y\n"))
+    assert main(["run", "Fix add", "--root", project, "--model", f"scripted:{cheat}",
+                 "--policy", write_allowed(project)]) == 0
+    out = capsys.readouterr().out
+    assert "+    assert True" in out
+    assert "accept this DONE although the tests as they were fail? [y/N] " in out
+    assert out.splitlines()[-1] == "stop: done"
 
 
 def test_a_model_server_that_is_down_stops_the_run_with_error_and_keeps_the_journal(project, tmp_path, capsys,

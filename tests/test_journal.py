@@ -6,7 +6,7 @@ from mlplcode.journal import (State, append_event, apply, cut_torn_line, fold, r
                               snapshot)
 
 START = {"type": "start", "task": "add mul", "budget": 5, "policy": {"read": "allow"}, "model": "echo",
-         "model_options": {}, "root": "/nowhere", "run": "r1"}
+         "model_options": {}, "root": "/nowhere", "run": "r1", "tests": {}}
 
 
 def write(path, events, tail=""):

@@ -152,6 +152,39 @@ def test_a_bare_deny_ends_the_run(kernel, project, replies):
     assert "%task TEXT" in kernel.error("%step")
 
 
+CHEAT = ["READ test_calc.py", "WRITE test_calc.py\ndef test_add():\n    assert True\nEND",
+         "RUN python -m pytest -q", "DONE add works", "DONE add works, really"]
+
+
+def cheat_run(kernel, project, tmp_path):
+    """A run in which the model rewrites the failing test to assert True and says DONE: %run stops at its ask."""
+    open(os.path.join(project, "calc.py"), "w").write("def add(a, b):\n    return a - b\n")
+    script = tmp_path / "cheat.json"
+    script.write_text(json.dumps(CHEAT))
+    kernel.ok(f"%root {project}\n%model scripted:{script}\n%policy write=allow\n%task Fix add")
+    shown = kernel.ok("%run")
+    assert kinds(shown) == ["step", "step", "step", "step", "ask"]
+    return text(shown)
+
+
+def test_a_done_whose_tests_changed_waits_with_the_diff_and_approve_accepts_it(kernel, project, tmp_path):
+    shown = cheat_run(kernel, project, tmp_path)
+    assert ("verdict: ask (NOT VERIFIED: the tests as they were before this run fail (test_calc.py::test_add);"
+            " this run changed test_calc.py)") in shown
+    assert "the tests, as this run changed them:" in shown and "+    assert True" in shown
+    shown = text(kernel.ok("%approve"))
+    assert "DONE accepted by a person, although the tests as they were" in shown
+    assert "stop: done: add works" in shown
+    assert Agent(journal_of(kernel)).state.steps[3].approved is True
+
+
+def test_a_bare_deny_of_a_done_whose_tests_changed_refuses_it_and_the_run_goes_on(kernel, project, tmp_path):
+    cheat_run(kernel, project, tmp_path)
+    shown = text(kernel.ok("%deny"))
+    assert "NOT VERIFIED: the tests as they were before this run fail" in shown and "stop:" not in shown
+    assert kinds(kernel.ok("%step")) == ["step", "ask"]  # the model went on, and said DONE again
+
+
 def test_mistakes_are_error_replies_that_say_what_to_do(kernel, project):
     assert "%task TEXT" in kernel.error("%approve")
     assert kernel.error("%stpe") == "unknown command %stpe; did you mean %step? %help lists the commands"

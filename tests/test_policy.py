@@ -84,6 +84,14 @@ def test_after_a_no_the_terminal_asks_for_a_reason():
     assert asked == ["approve? [y/N] ", "reason for the model (empty: end the run): "]
 
 
+def test_at_a_done_the_terminal_asks_whether_to_accept_it_and_a_no_does_not_end_the_run():
+    answers, asked = iter(["n", ""]), []
+    decide = terminal_decider(ask=lambda prompt: asked.append(prompt) or next(answers), show=lambda text: None)
+    assert decide({"tool": "done", "summary": "fixed"}) == (False, "")
+    assert asked == ["accept this DONE although the tests as they were fail? [y/N] ",
+                     "reason for the model (empty: none; the run goes on): "]
+
+
 def test_terminal_decider_says_no_at_end_of_input():
     def closed(prompt):
         raise EOFError
@@ -102,7 +110,8 @@ def test_always():
 
 
 @pytest.mark.parametrize("path", ["conftest.py", "tests/conftest.py", "pytest.ini", "pyproject.toml",
-                                  "setup.cfg", "tox.ini", "PYTEST.INI"])
+                                  "setup.cfg", "tox.ini", "PYTEST.INI", "pytest.toml", ".pytest.toml",
+                                  ".pytest.ini"])
 def test_preview_flags_test_configuration_as_code(path):
     shown = preview({"tool": "write", "path": path, "content": "x\n"})
     assert shown.splitlines()[0].startswith("WARNING: ")

@@ -15,6 +15,7 @@ from .prompt import Rendered, build_context
 from .show import as_html, as_markdown, as_text, report_views
 from .tools.project import open_project
 from .trust import inside
+from .verify import snapshot_tests
 
 PYTHON_WORDS = {"step": "step()", "decide": "approve() or deny(reason)",
                 "start": "Agent.start(task, root, model)", "resume": "resume()"}
@@ -95,9 +96,10 @@ class Agent:
         journal = journal_path(journal, root, run)
         built = model_from_spec(model, **options, **({"on_retry": on_retry} if on_retry else {}))
         os.makedirs(os.path.dirname(journal), exist_ok=True)
+        root = os.path.realpath(root)
         start = {"type": "start", "task": task, "budget": budget, "policy": policy,
                  "model": lasting_spec(model), "model_options": options,
-                 "root": os.path.realpath(root), "run": run}
+                 "root": root, "run": run, "tests": snapshot_tests(root)}
         append_event(journal, start)
         keep_start(start)
         return cls(journal, on_event, on_retry, model=built)

@@ -25,10 +25,13 @@ def step_line(step):
     return visible(f"step {step.number:>2}  {action[:40]:<40}  {verdict:<15}  {summary}")
 
 def print_event(event, state):
-    """Print a step when its observation is recorded, and the stop when the run stops."""
+    """Print a step when its observation is recorded, the ask of a DONE when it is raised,
+    and the stop when the run stops."""
     last = state.steps[-1] if state.steps else None
     if event["type"] == "observation":
         print(step_line(last), flush=True)
+    elif event["type"] == "verdict" and event["verdict"] == "ask" and last.action["tool"] == "done":
+        print(visible(f"step {last.number:>2}  {event['reason']}\n{event['target']['diff']}"), end="", flush=True)
     elif event["type"] == "stop":
         if last and last.observation is None:
             print(step_line(last))

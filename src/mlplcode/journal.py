@@ -28,7 +28,7 @@ def sync_journal(path):
 
 EVENT_FIELDS = {
     "start": {"task": str, "budget": int, "policy": dict, "model": str, "model_options": dict,
-              "root": str, "run": str},
+              "root": str, "run": str, "tests": dict},
     "note": {"text": str},
     "reply": {"step": int, "text": str},
     "action": {"step": int, "action": dict},
@@ -56,12 +56,27 @@ def event_problem(event, index, steps, start_index=0):
         return "a branch event is the first line of a journal"
     if kind != "branch" and (kind == "start") != (index == start_index):
         return "a journal has one start event, on its first line (its second, after a branch event)"
+    if kind == "start":
+        return tests_problem(event["tests"])
     if kind == "reply" and event["step"] != steps + 1:
         return f"step {event['step']} follows step {steps}"
     if kind in ("action", "verdict", "decision", "observation") and event["step"] != steps:
         return f"a {kind} of step {event['step']} after the reply of step {steps}"
     if kind == "compact" and not 0 < event["upto"] <= steps:
         return f"a summary of steps 1 to {event['upto']} after {steps} steps"
+    return ""
+
+TEST_ENTRY_FIELDS = {"sha256", "text", "link", "other"}
+
+
+def tests_problem(tests):
+    """What is wrong with a start event's record of the tests, or ""."""
+    for path, entry in tests.items():
+        if os.path.isabs(path) or os.path.normpath(path) != path or path.split("/")[0] == ".." or "\0" in path:
+            return f"tests: {path!r} is not a path inside the root"
+        if (not isinstance(entry, dict) or not entry or set(entry) - TEST_ENTRY_FIELDS
+                or not all(isinstance(value, str) for value in entry.values())):
+            return f"tests: the entry of {path} is not one verification wrote"
     return ""
 
 def read_events(path):

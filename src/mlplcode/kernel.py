@@ -27,9 +27,11 @@ COMMANDS = {
     "task": ("TEXT", "start a run with TEXT as its task (%%task: the task is the rest of the cell)"),
     "step": ("[N]", "take up to N steps (default 1), stopping early at an ask or at the end of the run"),
     "run": ("", "take steps until an ask or the end of the run"),
-    "approve": ("", "carry out the action that waits for a decision"),
+    "approve": ("", "carry out the action that waits for a decision (a DONE: accept it although the"
+                " tests as they were fail)"),
     "deny": ("[REASON]", "decline the action that waits: with a REASON the model reads it and the run"
-             " goes on; without one the run ends (denied)"),
+             " goes on; without one the run ends (denied), except at a DONE, which is refused and the"
+             " run goes on"),
     "show": ("state|prompt|transcript|policy|journal|tree", "show how the run stands, or part of it"),
     "save": ("FILE.ipynb|FILE.org|FILE.md", "write the run's transcript, rendered from its journal"),
     "compact": ("", "fold the steps so far into a summary that stands for them in the prompt"),

@@ -9,7 +9,7 @@ from .prompt import build_context
 from .protocol import headline, parse_action
 from .tools.project import after_action, current
 from .verbs import check_action, execute, fingerprint
-from .verify import verify_done
+from .verify import test_changes, verify_done, verify_tests
 
 def stop(reason, message):
     return {"type": "stop", "reason": reason, "message": message}
@@ -71,24 +71,49 @@ def carry_out(state, project, record):
     flags = {"repeat": True} if repeated(state) else {}
     if last.verdict == "refused":
         record(observation(last.number, False, last.reason, **flags))
+    elif last.action["tool"] == "done":
+        conclude(state, project, record, flags)
     elif last.approved is False:
         record(observation(last.number, False, "DECLINED: the human said no to this action;"
                            " their reason follows as a note", **flags))
     elif last.target is not None and fingerprint(last.action, project) != last.target:
         record(observation(last.number, False, "CHANGED: the target is not what the human"
                            " approved, so nothing was done; send the action again", **flags))
-    elif last.action["tool"] == "done":
-        verified, why = verify_done(state)
-        if not verified:
-            record(observation(last.number, False, f"NOT VERIFIED: {why}", **flags))
-        else:
-            record(observation(last.number, True, "DONE accepted", **flags))
-            record(stop("done", last.action["summary"]))
     else:
         result = execute(last.action, project)
         record(observation(last.number, **result, **flags))
         return after_action(project, last.action)
     return project
+
+NOT_VERIFIED = "NOT VERIFIED: "
+TESTS_ADVICE = ("Make the code pass the tests as they were; change a test only where the task asks"
+                " for it, and then only a person can accept DONE.")
+
+def conclude(state, project, record, flags):
+    """Verify the DONE of the last step (chapter "Verification"), asking a person when the tests as
+    they were fail; or settle the person's answer to that ask."""
+    last = state.steps[-1]
+    if last.approved is None:
+        accepted, why = verify_done(state)
+        if not accepted:
+            text = NOT_VERIFIED + why
+        else:
+            accepted, why, changes = verify_tests(state, project)
+            if not accepted:
+                record({"type": "verdict", "step": last.number, "verdict": "ask",
+                        "reason": NOT_VERIFIED + why, "target": changes})
+                return
+            text = f"DONE accepted{why}"
+    elif not last.approved:
+        accepted, text = False, f"{last.reason}. {TESTS_ADVICE}\n{last.target['diff']}"
+    elif test_changes(state, project) != last.target:
+        accepted, text = False, ("CHANGED: the tests changed while the person was deciding,"
+                                 " so nothing was accepted; send DONE again")
+    else:
+        accepted, text = True, "DONE accepted by a person, although " + last.reason.removeprefix(NOT_VERIFIED)
+    record(observation(last.number, accepted, text, **flags))
+    if accepted:
+        record(stop("done", last.action["summary"]))
 
 def decide(state, approved, reason, project, record):
     """Decide the ask that waits in STATE; return the project as the decision left it."""
@@ -97,7 +122,7 @@ def decide(state, approved, reason, project, record):
         raise ValueError("no action is waiting for a decision")
     event = {"type": "decision", "step": waiting.number, "approved": approved}
     record({**event, "reason": reason} if reason and not approved else event)
-    if not approved and not reason:
+    if not approved and not reason and waiting.action["tool"] != "done":
         record(stop("denied", f"step {waiting.number}: the human declined {headline(waiting.action)}"))
         return project
     return carry_out(state, current(project), record)

@@ -93,15 +93,21 @@ def preview(action):
         shown = format_action(action)
     return visible(warning(action) + shown)
 
+QUESTIONS = {"done": ("accept this DONE although the tests as they were fail? [y/N] ",
+                      "reason for the model (empty: none; the run goes on): "),
+             "": ("approve? [y/N] ", "reason for the model (empty: end the run): ")}
+
+
 def terminal_decider(ask=input, show=print):
     """Decide asks at a terminal: show the action, approve only on 'y' or 'yes', and after
-    a no, take a reason for the model (none ends the run)."""
+    a no, take a reason for the model (none ends the run, except at a DONE)."""
     def decide(action):
+        approve, why = QUESTIONS["done" if action["tool"] == "done" else ""]
         show(preview(action))
         try:
-            if ask("approve? [y/N] ").strip().lower() in ("y", "yes"):
+            if ask(approve).strip().lower() in ("y", "yes"):
                 return True, ""
-            return False, ask("reason for the model (empty: end the run): ").strip()
+            return False, ask(why).strip()
         except EOFError:
             return False, ""
     return decide

@@ -13,6 +13,8 @@ def step_view(state, step):
             ("block", "reply", step.reply),
             action_part(state, step),
             ("line", "verdict", verdict_text(step))]
+    if step.action.get("tool") == "done" and step.target:
+        view.append(("diff", "the tests, as this run changed them", step.target["diff"]))
     if step.observation and step.observation.get("repeat"):
         view.append(("line", "note", "this reply is identical to the previous one"))
     if step.observation:

@@ -44,7 +44,7 @@ VERBS = (
          classify_command, check_run, run_command, command_target),
     Verb("DONE", "summary", "a one-line summary", "", "DONE <summary>",
          "DONE is accepted only after you have edited a file and a test run has passed"
-         " since that edit.",
+         " since that edit; the project's tests as they were before your changes must pass too.",
          "done", None, None, None),
 )
 

@@ -160,7 +160,7 @@ def test_a_start_event_rewritten_is_refused(project, tmp_path, elsewhere, field)
 def test_a_journal_this_machine_did_not_start_is_refused(project, tmp_path):
     journal = tmp_path / "brought.jsonl"
     journal.write_text(json.dumps({"type": "start", "task": "t", "budget": 5, "policy": LOOSE,
-                                   "model": "echo", "model_options": {}, "root": project,
+                                   "model": "echo", "model_options": {}, "root": project, "tests": {},
                                    "run": "20000101-000000-" + uuid.uuid4().hex[:4]}) + "\n")
     with pytest.raises(ValueError, match="this machine started no run"):
         Agent(str(journal))
