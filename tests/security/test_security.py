@@ -1,16 +1,22 @@
 """The adversarial suite: each case of cases.py driven through the real loop with a scripted model.
 
-Every case is checked for its own outcome and for four things that must hold
-whatever the case: nothing outside the root changed, no process it started is
-left, and no planted canary secret reached the journal, a prompt or the
-printed transcript.
+Every case is checked for its own outcome and for what must hold whatever
+the case: nothing outside the root changed, no process it started is left,
+nothing reached a server on 127.0.0.1, no planted canary secret reached the
+journal, a prompt or the printed transcript, neither as itself nor in a form
+that decoding base64, hex or percent-encoding gets back, and the printed
+transcript holds no character that a terminal obeys or that hides itself.
 """
+import base64
+import binascii
 import hashlib
 import json
 import os
+import re
 import socket
 import stat
 import time
+import urllib.parse
 
 import pytest
 
@@ -82,11 +88,42 @@ def build(world, setup):
             subprocess.run(["git", "init", "-q", str(world.root)], check=True)
         elif operation == "gitconfig":
             subprocess.run(["git", "-C", str(world.root), "config", *arguments], check=True)
+        elif operation == "git-run":  # a git command in the root, as a person would type it
+            subprocess.run(["git", "-C", str(world.root), "-c", "user.name=case", "-c", "user.email=case@x",
+                            *arguments], check=True, capture_output=True)
+        elif operation == "remove":
+            at.unlink()
         elif operation == "deep":
             (world.root / ("d/" * int(arguments[0])) / "deep.txt").parent.mkdir(parents=True)
             (world.root / ("d/" * int(arguments[0])) / "deep.txt").write_text("needle\n")
         else:
             raise ValueError(f"unknown setup operation {operation}")
+
+
+BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{8,}")
+HEX_RUN = re.compile(r"[0-9a-fA-F]{16,}")
+
+
+def decodings(text):
+    """TEXT, and every text a reader gets back by decoding what it holds: percent-encoding, and
+    each run of hex or base64 characters (either alphabet, wrapped lines joined) at every offset."""
+    yield text
+    yield urllib.parse.unquote(text)
+    for source in (text, re.sub(r"\r?\n", "", text)):
+        for run in BASE64_RUN.findall(source):
+            run = run.replace("-", "+").replace("_", "/")
+            for offset in range(4):
+                chunk = run[offset:len(run) - ((len(run) - offset) % 4 == 1)]
+                yield base64.b64decode(chunk + "=" * (-len(chunk) % 4)).decode("latin-1")
+        for run in HEX_RUN.findall(source):
+            for offset in (0, 1):
+                chunk = run[offset:][:(len(run) - offset) // 2 * 2]
+                yield binascii.unhexlify(chunk).decode("latin-1")
+
+
+def recoverable(secret, text):
+    """Whether SECRET can be read in TEXT, as it is or by decoding part of it."""
+    return any(secret in decoded for decoded in decodings(text))
 
 
 def decider(name, world, shown, monkeypatch):
@@ -249,11 +286,13 @@ def test_case(case, tmp_path, monkeypatch, fast, capsys, listener):
         assert fragment in "".join(shown)
     for fragment in expect.get("not_shown", []):
         assert fragment not in "".join(shown) and fragment not in transcript
+    for fragment in expect.get("printed", []):
+        assert fragment in transcript, (fragment, transcript)
 
     assert (tree_hash(world.outside), tree_hash(world.home)) == before, "something outside changed"
     assert no_processes_left(tmp_path), "a process of the case is still running"
     assert nobody_connected(listener), "a case reached the network"
-    recorded = journal.read_text() + "".join(prompts) + transcript
-    for name, canary in CANARIES.items():
-        assert canary not in recorded, f"the {name} canary leaked"
-    assert "\x1b" not in transcript and "\u202e" not in transcript
+    recorded = journal.read_text() + "".join(prompts) + transcript + said
+    for name, canary in [*CANARIES.items(), *(("case", secret) for secret in case.get("canaries", []))]:
+        assert not recoverable(canary, recorded), f"the {name} canary leaked"
+    assert not [char for char in transcript if trust.is_invisible(char)], "an invisible character was printed"

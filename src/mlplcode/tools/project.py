@@ -112,6 +112,7 @@ LONGEST_ORDINARY = 24
 ORDINARY = re.compile(r"[A-Za-z]+(?:[._-][A-Za-z]+)*|[0-9.,:/-]+")
 WORD_BREAKS = re.compile(r"[\s\"',;]+")
 PART_BREAKS = re.compile(r"[:@/=]+")
+INNER_SEPARATOR = re.compile(r"[=:][^=]")
 
 
 def worth_finding(value: str) -> bool:
@@ -121,17 +122,18 @@ def worth_finding(value: str) -> bool:
 
 
 def values_in(text: str) -> set:
-    """The values a secret file's TEXT holds: each line, what follows its first = or :, its words
-    and the parts of its words, those worth finding."""
+    """The values a secret file's TEXT holds: what follows each line's first = or :, its words
+    and their parts, a word or line with no = or : inside it whole; those worth finding."""
     values = set()
     for line in text.splitlines():
         line = line.strip()
         if line.startswith("#"):
             continue
-        candidates = {line, line.partition("=")[2], line.partition(":")[2]}
-        for word in WORD_BREAKS.split(line):
-            candidates.add(word)
-            candidates.update(PART_BREAKS.split(word))
+        candidates = {line.partition("=")[2], line.partition(":")[2]}
+        for whole in [line, *WORD_BREAKS.split(line)]:
+            if not INNER_SEPARATOR.search(whole):
+                candidates.add(whole)
+            candidates.update(PART_BREAKS.split(whole))
         values.update(candidate.strip().strip("'\"") for candidate in candidates)
     return {value for value in values if worth_finding(value)}
 
@@ -147,7 +149,7 @@ GIT_HARDENING = ("--no-pager", "-c", "core.fsmonitor=false", "-c", "core.hooksPa
 
 
 def git_output(git: str, root: str, arguments: list, data: bytes = b"",
-               seconds: float = HISTORY_SECONDS) -> tuple[bytes, bool]:
+               seconds: float = 5) -> tuple[bytes, bool]:
     """What git ARGUMENTS prints in ROOT, and whether it finished; b"" if it failed."""
     environment = {**child_environment(root, root), "GIT_NO_LAZY_FETCH": "1"}
     try:
@@ -230,7 +232,8 @@ def read_history(git: str | None, root: str) -> History:
     deadline = time.monotonic() + HISTORY_SECONDS
     log, logged = git_output(git, root, ["log", "--all", "--reflog", "--format=", "--raw", "-z",
                                          "--no-abbrev", "--no-renames", "--diff-merges=first-parent",
-                                         "--no-ext-diff", "--no-textconv", "--no-show-signature"])
+                                         "--no-ext-diff", "--no-textconv", "--no-show-signature"],
+                             seconds=HISTORY_SECONDS)
     index, _ = git_output(git, root, ["ls-files", "--stage", "-z"], seconds=5)
     caps = candidate_blobs(raw_paths(log) + index_paths(index))
     texts, read = blob_texts(git, root, caps, max(1.0, deadline - time.monotonic()))
