@@ -1,5 +1,6 @@
 """Trust: terminal-safe text, secrets kept from the model, and the sandbox RUN executes in."""
 import base64
+import functools
 import os
 import re
 import resource
@@ -88,31 +89,44 @@ def encoded_forms(value):
     return forms - {value}
 
 
+@functools.lru_cache(maxsize=4)
 def secret_forms(values):
-    """VALUES with every encoded form of each: what redaction looks for."""
+    """VALUES, a frozenset, with every encoded form of each: what redaction looks for."""
     return frozenset(form for value in values for form in (value, *encoded_forms(value)))
 
 BASE64_LINES = re.compile(r"(?m)^(?:[A-Za-z0-9+/_-]{16,}={0,2}\r?\n)+[A-Za-z0-9+/_-]+={0,2}(?=\r?$)")
 
 
-def replace_values(text, ordered):
-    for value in ordered:
+def unwrapped_if_secret(block, values):
+    """A block of base64 lines, joined and redacted if it held a secret; as it was if not."""
+    joined = re.sub(r"\r?\n", "", block)
+    redacted = replace_values(joined, values)
+    return redacted if redacted != joined else block
+
+FEW_VALUES = 200
+SHORTEST_LOOKED_FOR = 6
+
+
+def possible_values(text, values):
+    """Those of VALUES that may occur in TEXT: all of few; of many, those whose start does."""
+    if len(values) <= FEW_VALUES:
+        return values
+    starts = {text[at:at + SHORTEST_LOOKED_FOR] for at in range(len(text) - SHORTEST_LOOKED_FOR + 1)}
+    return [value for value in values if len(value) < SHORTEST_LOOKED_FOR
+            or value[:SHORTEST_LOOKED_FOR] in starts]
+
+
+def replace_values(text, values):
+    """TEXT with each of VALUES that occurs in it replaced, longest first."""
+    for value in sorted(possible_values(text, values), key=len, reverse=True):
         text = text.replace(value, REDACTED)
     return text
 
-
-def unwrapped_if_secret(block, ordered):
-    """A block of base64 lines, joined and redacted if it held a secret; as it was if not."""
-    joined = re.sub(r"\r?\n", "", block)
-    redacted = replace_values(joined, ordered)
-    return redacted if redacted != joined else block
-
 def redact(text, values=()):
     """TEXT with known secret VALUES and anything shaped like a key or token replaced."""
-    ordered = sorted(values, key=len, reverse=True)
-    if ordered:
-        text = BASE64_LINES.sub(lambda block: unwrapped_if_secret(block[0], ordered), text)
-        text = replace_values(text, ordered)
+    if values:
+        text = BASE64_LINES.sub(lambda block: unwrapped_if_secret(block[0], values), text)
+        text = replace_values(text, values)
     for shape in SECRET_SHAPES:
         text = shape.sub(REDACTED, text)
     return ASSIGNED_SECRET.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)

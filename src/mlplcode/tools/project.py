@@ -121,13 +121,24 @@ def worth_finding(value: str) -> bool:
         len(value) < LONGEST_ORDINARY and ORDINARY.fullmatch(value))
 
 
+PEM_BOUNDARY = re.compile(r"----[- ]?(BEGIN|END) ([A-Z0-9 ]+?) ?-{4,5}")
+
+
 def values_in(text: str) -> set:
     """The values a secret file's TEXT holds: what follows each line's first = or :, its words
-    and their parts, a word or line with no = or : inside it whole; those worth finding."""
-    values = set()
+    and their parts, a word or line with no = or : inside it whole; in a PEM block, the lines
+    of a private one whole; those worth finding."""
+    values, block = set(), None
     for line in text.splitlines():
         line = line.strip()
-        if line.startswith("#"):
+        boundary = PEM_BOUNDARY.match(line)
+        if boundary:
+            block = boundary[2] if boundary[1] == "BEGIN" else None
+            continue
+        if line.startswith("#") or (block and "PRIVATE" not in block):
+            continue
+        if block:
+            values.add(line)
             continue
         candidates = {line.partition("=")[2], line.partition(":")[2]}
         for whole in [line, *WORD_BREAKS.split(line)]:
@@ -250,7 +261,7 @@ def open_project(root: str, previous: Project | None = None) -> Project:
     history = (previous.history if previous is not None and previous.history.stamp is not None
                and programs["git"] and history_stamp(programs["git"], real_root) == previous.history.stamp
                else read_history(programs["git"], real_root))
-    values = environment_secrets() | planted_secrets(secret_files) | history.values
+    values = frozenset(environment_secrets() | planted_secrets(secret_files) | history.values)
     return Project(root=real_root, **read_rules(real_root), secret_files=secret_files,
                    secret_values=secret_forms(values), history=history, programs=programs)
 
