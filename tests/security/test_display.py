@@ -24,16 +24,18 @@ from mlplcode import trust
 install_kernelspec()
 TIMEOUT = 120
 
+# Written in two pieces, so that Emacs, opening this file, does not take what follows for a block of its own.
+LOCAL_VARIABLES = "Local Variables" + ":"
 # One of each kind of thing that must not reach a person as it is.
 HOSTILE = ("esc \x1b[2J osc \x1b]8;;http://x\x07link\x1b]8;;\x07 c1 \x9b31m cr a\rb\n"
            "bidi \u202eevil\u202c isolate \u2067x\u2069 filler if \u3164: \u115f\u1160\uffa0\n"
            "zero width a\u200bb\u200dc tag \U000e0041 selector \u2764\ufe0f\n"
            "link [[elisp:(setq pwned t)]] <shell:touch pwned> eshell:ls man:ls\n"
-           "Local Variables:\neval: (setq pwned t)\nEnd:\n")
-UNPARSED = "[[elisp:(setq pwned t)]] \u202eI will not\nLocal Variables:\neval: (setq pwned t)\nEnd:"
+           f"{LOCAL_VARIABLES}\neval: (setq pwned t)\nEnd:\n")
+UNPARSED = f"[[elisp:(setq pwned t)]] \u202eI will not\n{LOCAL_VARIABLES}\neval: (setq pwned t)\nEnd:"
 REPLIES = ["READ hostile.txt", UNPARSED, f"WRITE notes.txt\n{HOSTILE}END"]
 # What must never be found, and the escapes that show the hostile text was there all the same.
-LIVE = re.compile(r"(?i)\[\[elisp:|<shell:|eshell:l|man:l|local variables:")
+LIVE = re.compile(r"(?i)\[\[elisp:|<shell:|eshell:l|man:l|" + re.escape(LOCAL_VARIABLES))
 SHOWN = ("\\x1b[2J", "\\x1b]8;;", "\\x9b31m", "\\u202e", "\\u3164", "\\u200b", "\\U000e0041",
          "\\ufe0f", "elisp\\x3a", "Local Variables\\x3a")
 
@@ -160,8 +162,8 @@ def test_the_org_transcript_runs_nothing_when_opened_and_followed_in_emacs(shown
 
 def test_the_emacs_check_catches_a_live_link_and_a_local_variables_block(shown, tmp_path):
     """The same transcript with the colons put back: the check above must be able to fail."""
-    live = shown[".org"].replace("elisp\\x3a", "elisp:").replace("Local Variables\\x3a", "Local Variables:")
-    for text in (live, live.replace("Local Variables:", "Local Values:"), live.replace("elisp:", "nolink:")):
+    live = shown[".org"].replace("elisp\\x3a", "elisp:").replace("Local Variables\\x3a", LOCAL_VARIABLES)
+    for text in (live, live.replace(LOCAL_VARIABLES, "Local Values:"), live.replace("elisp:", "nolink:")):
         path = tmp_path / "live.org"
         path.write_text(text, encoding="utf-8")
         assert emacs_follows(path)

@@ -148,7 +148,7 @@ def test_default_ignorable_characters_are_invisible(char):
     ("[[shell: rm -rf x]]", "[[shell\\x3a rm -rf x]]"),
     ("<eshell:ls>", "<eshell\\x3als>"),
     ("see file+sys:/bin/sh now", "see file+sys\\x3a/bin/sh now"),
-    ("# Local Variables:\n# eval: (x)\n# End:", "# Local Variables\\x3a\n# eval: (x)\n# End:"),
+    ("# Local " "Variables:\n# eval: (x)\n# End:", "# Local Variables\\x3a\n# eval: (x)\n# End:"),
     ("Shell: bash, man: page, elisp is a lisp", "Shell: bash, man: page, elisp is a lisp"),
     ("human:x, https://x.org", "human:x, https://x.org"),
 ])
