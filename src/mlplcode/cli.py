@@ -34,8 +34,9 @@ def reply_excerpt(reply):
     """The first lines of REPLY, made visible and indented under its step's line."""
     lines = reply.strip("\n").split("\n") if reply.strip() else ["(an empty reply)"]
     shown = [f"         | {visible(line)[:REPLY_LINE_CHARS]}" for line in lines[:REPLY_LINES_SHOWN]]
-    if len(lines) > REPLY_LINES_SHOWN:
-        shown.append(f"         | ({len(lines) - REPLY_LINES_SHOWN} more lines)")
+    left = len(lines) - REPLY_LINES_SHOWN
+    if left > 0:
+        shown.append(f"         | ({left} more line{'s' if left > 1 else ''})")
     return "\n".join(shown)
 
 def print_event(event, state):
