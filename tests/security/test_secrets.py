@@ -22,14 +22,15 @@ def git(root, *arguments):
                    check=True, capture_output=True)
 
 
-@pytest.mark.parametrize("pattern, names", [
-    ("*.{pem,key}", ["*.pem", "*.key"]),
-    ("id_{rsa,dsa}*", ["id_rsa*", "id_dsa*"]),
-    ("{a,b}.{c,d}", ["a.c", "a.d", "b.c", "b.d"]),
-    ("plain", ["plain"]),
+@pytest.mark.parametrize("glob, matched, missed", [
+    ("*.{pem,key}", ["a.pem", "b.c.key"], ["a.pem.txt", "pem"]),
+    ("id_{rsa,dsa}*", ["id_rsa", "id_dsa.pub"], ["my_id_rsa"]),
+    ("*service?account*.json", ["ci-service-account.json", "serviceXaccount.json"], ["serviceaccount.json"]),
+    (".env*", [".env", ".envrc", ".env.local"], ["x.env.local", "env"]),
 ])
-def test_braces_expand_as_a_shell_expands_them(pattern, names):
-    assert paths.expand_braces(pattern) == names
+def test_a_glob_matches_as_a_shell_matches_it(glob, matched, missed):
+    pattern = paths.any_of([glob])
+    assert [name for name in matched + missed if pattern.match(name)] == matched
 
 
 @pytest.mark.parametrize("path, secret", [

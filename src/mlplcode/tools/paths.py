@@ -1,5 +1,4 @@
 """Paths: which paths inside the root the tools may use, and the real path each one names."""
-import fnmatch
 import os
 import re
 
@@ -42,23 +41,23 @@ SECRET_PATHS = (
     ".gradle/gradle.properties", ".bundle/config", ".cargo/credentials*",
 )
 
-def expand_braces(pattern: str) -> list[str]:
-    """PATTERN with its first {a,b} group expanded, recursively: "*.{pem,key}" -> *.pem, *.key."""
-    found = re.search(r"\{([^{}]*)\}", pattern)
-    if not found:
-        return [pattern]
-    return [expanded for choice in found[1].split(",")
-            for expanded in expand_braces(pattern[:found.start()] + choice + pattern[found.end():])]
+def glob_pattern(glob: str) -> str:
+    """The regular expression of a glob: * any run, ? any one character, {a,b} either."""
+    parts = re.split(r"(\*|\?|\{[^{}]*\})", glob)
+    return "".join(".*" if part == "*" else "." if part == "?"
+                   else "(?:" + "|".join(map(re.escape, part[1:-1].split(","))) + ")" if part.startswith("{")
+                   else re.escape(part) for part in parts)
 
 
-SECRET_NAME_GLOBS = tuple(glob for pattern in SECRET_NAMES for glob in expand_braces(pattern))
-SECRET_NAME = re.compile("|".join(fnmatch.translate(glob) for glob in SECRET_NAME_GLOBS))
-SECRET_PATH_PARTS = tuple(tuple(re.compile(fnmatch.translate(glob)) for glob in path.split("/"))
-                          for pattern in SECRET_PATHS for path in expand_braces(pattern))
-SECRET_PATH_END = re.compile("|".join(parts[-1].pattern for parts in SECRET_PATH_PARTS))
+def any_of(globs) -> re.Pattern:
+    return re.compile("(?s:" + "|".join(map(glob_pattern, globs)) + r")\Z")
+
+
+SECRET_NAME = any_of(SECRET_NAMES)
+SECRET_PATH_PARTS = tuple(tuple(any_of([glob]) for glob in path.split("/")) for path in SECRET_PATHS)
+SECRET_PATH_END = any_of(path.split("/")[-1] for path in SECRET_PATHS)
 # Every secret name and path as a ripgrep glob, for SEARCH's excluding globs.
-SECRET_NAME_PATTERNS = SECRET_NAME_GLOBS + tuple(f"**/{path}" for pattern in SECRET_PATHS
-                                                  for path in expand_braces(pattern))
+SECRET_NAME_PATTERNS = SECRET_NAMES + tuple(f"**/{path}" for path in SECRET_PATHS)
 
 
 def folded(name: str) -> str:
