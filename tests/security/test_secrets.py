@@ -162,3 +162,30 @@ def test_among_many_values_each_one_in_the_text_is_still_found():
     values = frozenset(f"value-{n:04d}-Zx81kq" for n in range(500))
     text = "a value-0042-Zx81kq, its hex " + "value-0499-Zx81kq".encode().hex() + " and value-9999-Zx81kq"
     assert trust.redact(text, trust.secret_forms(values)) == "a [redacted], its hex [redacted] and value-9999-Zx81kq"
+
+
+def test_the_walk_survives_a_tree_deeper_than_python_recursion(tmp_path):
+    deep = tmp_path
+    for _ in range(1200):  # one by one, and taken down so too: pathlib, makedirs and rmtree recurse
+        deep = deep / "d"
+        deep.mkdir()
+    (deep / ".env").write_text("TOKEN=deep-down-value-1\n")
+    try:
+        assert [path[-5:] for path in find_secret_files(str(tmp_path))] == ["/.env"]
+    finally:
+        (deep / ".env").unlink()
+        while deep != tmp_path:
+            deep.rmdir()
+            deep = deep.parent
+
+
+def test_old_secret_files_are_read_newest_first_up_to_the_budget(tmp_path, monkeypatch):
+    git(tmp_path, "init", "-q")
+    for n in range(3):
+        (tmp_path / ".env").write_text(f"TOKEN=version-{n}-of-the-value\n" + "#" * 1000 + "\n")
+        git(tmp_path, "add", "-A")
+        git(tmp_path, "commit", "-qm", f"version {n}")
+    monkeypatch.setattr(project_module, "SECRET_TEXT_BYTES", 2500)
+    history = open_project(str(tmp_path)).history
+    assert history.values == {"version-2-of-the-value", "version-1-of-the-value"}
+    assert not history.complete

@@ -89,22 +89,23 @@ def is_key_file(path: str) -> bool:
 def find_secret_files(root: str) -> tuple:
     """Every file and directory in the root that is secret by its name or path, and every
     small file that starts with a private key, symlinks aside."""
-    found = []
-    for directory, subdirectories, files in os.walk(root):
-        relative = os.path.relpath(directory, root)
-        parts = [] if relative == "." else relative.split(os.sep)
-        subdirectories[:] = [name for name in subdirectories if name.casefold() != ".git"]
-        secret_directories = {name for name in subdirectories if secret_at(parts + [name], len(parts))}
-        for name in sorted(secret_directories):
-            if not os.path.islink(os.path.join(directory, name)):
-                found.append(os.path.join(directory, name))
-        for name in files:
-            path = os.path.join(directory, name)
-            if secret_at(parts + [name], len(parts)) and not os.path.islink(path):
-                found.append(path)
-            elif may_be_key(name) and is_key_file(path):
-                found.append(path)
-        subdirectories[:] = [name for name in subdirectories if name not in secret_directories]
+    found, pending = [], [(root, [])]
+    while pending:
+        directory, parts = pending.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_symlink() or entry.name.casefold() == ".git":
+                continue
+            here = parts + [entry.name]
+            if secret_at(here, len(parts)):
+                found.append(entry.path)
+            elif entry.is_dir(follow_symlinks=False):
+                pending.append((entry.path, here))
+            elif may_be_key(entry.name) and is_key_file(entry.path):
+                found.append(entry.path)
     return tuple(sorted(found))
 
 SHORTEST_PLANTED_SECRET = 6
@@ -148,10 +149,18 @@ def values_in(text: str) -> set:
         values.update(candidate.strip().strip("'\"") for candidate in candidates)
     return {value for value in values if worth_finding(value)}
 
+SECRET_TEXT_BYTES = 8 * 1024 * 1024
+
 
 def planted_secrets(paths) -> set:
-    """The values held in the root's secret files that are files, not directories."""
-    return {value for path in paths for value in values_in(read_if_text(path) or "")}
+    """The values held in the root's secret files that are files, the first 8 MiB of them."""
+    values, left = set(), SECRET_TEXT_BYTES
+    for path in paths:
+        text = read_if_text(path) if left > 0 else None
+        if text:
+            values |= values_in(text)
+            left -= len(text)
+    return values
 
 HISTORY_SECONDS = 10
 GIT_HARDENING = ("--no-pager", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
@@ -181,11 +190,12 @@ def history_stamp(git: str, root: str) -> tuple | None:
     return (references, file_stamp(os.path.join(root, index.decode("utf-8", "surrogateescape").strip())))
 
 def raw_paths(output: bytes) -> list[tuple[str, list[str]]]:
-    """(path, blob hashes) for each entry of `git log --raw -z` output; a cut last entry is left out."""
+    """(path, blob hashes, the newer first) for each entry of `git log --raw -z` output; a cut
+    last entry is left out."""
     fields, entries = output.split(b"\0"), []
     for header, path in zip(fields, fields[1:]):
         if header.startswith(b":") and header.count(b" ") == 4:
-            blobs = [word.decode() for word in header.split(b" ")[2:4] if word.strip(b"0")]
+            blobs = [word.decode() for word in header.split(b" ")[3:1:-1] if word.strip(b"0")]
             entries.append((path.decode("utf-8", "surrogateescape"), blobs))
     return entries
 
@@ -199,27 +209,37 @@ def index_paths(output: bytes) -> list[tuple[str, list[str]]]:
             entries.append((path.decode("utf-8", "surrogateescape"), [info.split(b" ")[1].decode()]))
     return entries
 
+def path_cap(path: str) -> int:
+    """How many bytes of a blob at PATH are worth reading: as many as READ would read at a secret
+    path, as many as a key has at one that may hold a key, none elsewhere."""
+    parts = path.split("/")
+    if any(secret_at(parts, index) for index in range(len(parts))):
+        return READ_CAP_BYTES
+    return KEY_FILE_BYTES if may_be_key(parts[-1]) else 0
+
+
 def candidate_blobs(entries) -> dict:
-    """The blobs of ENTRIES worth reading, each with how many bytes of it are: those at secret
-    paths as many as READ would read, those at paths that may hold a key as many as a key has."""
-    blobs_of = {}
+    """The blobs of ENTRIES worth reading, newest first, each with how many bytes of it are."""
+    caps, judged = {}, {}
     for path, blobs in entries:
-        blobs_of.setdefault(path, set()).update(blobs)
-    caps = {}
-    for path, blobs in blobs_of.items():
-        parts = path.split("/")
-        if any(secret_at(parts, index) for index in range(len(parts))):
-            caps.update(dict.fromkeys(blobs, READ_CAP_BYTES))
-        elif may_be_key(parts[-1]):
-            caps.update({blob: caps.get(blob, KEY_FILE_BYTES) for blob in blobs})
+        cap = judged[path] if path in judged else judged.setdefault(path, path_cap(path))
+        for blob in blobs:
+            if cap > caps.get(blob, 0):
+                caps[blob] = cap
     return caps
 
 def blob_texts(git: str, root: str, caps: dict, seconds: float) -> tuple[dict, bool]:
     """The text of each blob of CAPS no larger than its cap, by hash; and whether all was read."""
     listing, listed = git_output(git, root, ["cat-file", "--batch-check"],
-                                 "".join(f"{blob}\n" for blob in sorted(caps)).encode(), seconds)
-    wanted = [fields[0].decode() for fields in map(bytes.split, listing.splitlines())
-              if len(fields) == 3 and fields[1] == b"blob" and int(fields[2]) <= caps[fields[0].decode()]]
+                                 "".join(f"{blob}\n" for blob in caps).encode(), seconds)
+    wanted, left = [], SECRET_TEXT_BYTES
+    for fields in map(bytes.split, listing.splitlines()):
+        if len(fields) == 3 and fields[1] == b"blob" and int(fields[2]) <= caps[fields[0].decode()]:
+            if int(fields[2]) > left:
+                listed = False
+                break
+            wanted.append(fields[0].decode())
+            left -= int(fields[2])
     contents, read = git_output(git, root, ["cat-file", "--batch"],
                                 "".join(f"{blob}\n" for blob in wanted).encode(), seconds)
     texts, at = {}, 0
@@ -246,7 +266,7 @@ def read_history(git: str | None, root: str) -> History:
                                          "--no-ext-diff", "--no-textconv", "--no-show-signature"],
                              seconds=HISTORY_SECONDS)
     index, _ = git_output(git, root, ["ls-files", "--stage", "-z"], seconds=5)
-    caps = candidate_blobs(raw_paths(log) + index_paths(index))
+    caps = candidate_blobs(index_paths(index) + raw_paths(log))
     texts, read = blob_texts(git, root, caps, max(1.0, deadline - time.monotonic()))
     values = {value for blob, text in texts.items() if text is not None
               and (caps[blob] == READ_CAP_BYTES or starts_with_key(text.encode()))
