@@ -26,6 +26,8 @@ from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from jupyter_core.paths import jupyter_runtime_dir
 
+from .trust import visible
+
 DEFAULT_TIMEOUT = 600
 START_TIMEOUT = 60
 ANSWER_TIMEOUT = 10
@@ -272,7 +274,7 @@ def run_block(session, kernel, timeout):
     text = outputs.text()
     if restarted:
         text = f"[session {session.name}: its kernel had stopped; this block ran in a new one]\n" + text
-    sys.stdout.buffer.write(text.encode("utf-8"))
+    sys.stdout.buffer.write(visible(text).encode("utf-8"))
     if status == "timeout":
         raise BridgeError(f"the block ran for more than {timeout:g} s and was interrupted")
     if status == "interrupted":

@@ -14,15 +14,30 @@ from .trust import visible
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
 
 def step_line(step):
-    """One line per step: number, action, verdict, and the observation's first line."""
+    """One line per step: number, action, verdict, and the observation's first line; below it,
+    for a reply that did not parse, the reply's first lines."""
     from .protocol import headline
     action = headline(step.action) if "tool" in step.action else "(reply not parsed)"
-    verdict = step.verdict
+    verdict = step.verdict or "none"
     if step.approved is not None:
         verdict += ", approved" if step.approved else ", declined"
     text = step.observation["text"] if step.observation else ""
     summary = text.split("\n", 1)[0][:70]
-    return visible(f"step {step.number:>2}  {action[:40]:<40}  {verdict:<15}  {summary}")
+    line = visible(f"step {step.number:>2}  {action[:40]:<40}  {verdict:<15}  {summary}")
+    return line if "tool" in step.action else line + "\n" + reply_excerpt(step.reply)
+
+REPLY_LINES_SHOWN = 3
+REPLY_LINE_CHARS = 100
+
+
+def reply_excerpt(reply):
+    """The first lines of REPLY, made visible and indented under its step's line."""
+    lines = reply.strip("\n").split("\n") if reply.strip() else ["(an empty reply)"]
+    shown = [f"         | {visible(line)[:REPLY_LINE_CHARS]}" for line in lines[:REPLY_LINES_SHOWN]]
+    left = len(lines) - REPLY_LINES_SHOWN
+    if left > 0:
+        shown.append(f"         | ({left} more line{'s' if left > 1 else ''})")
+    return "\n".join(shown)
 
 def print_event(event, state):
     """Print a step when its observation is recorded, the ask of a DONE when it is raised,
@@ -43,6 +58,9 @@ def drive(agent, decider):
     from .trust import sandbox_banner
     print(visible(f"task: {agent.state.task}"))
     print(f"RUN: {sandbox_banner(agent.project.programs['bwrap'])}")
+    if not agent.project.history.complete:
+        print("secrets: git history read for the newest commits only; values of secret files"
+              " in older commits are not redacted")
     print(f"journal: {agent.journal}", flush=True)
     try:
         agent.drive(decider)

@@ -132,6 +132,7 @@ class MlplcodeKernel(Kernel):
 
     def fail(self, name, message, lines=None):
         """Send an error output and return the error reply for it."""
+        message, lines = visible(message), [visible(line) for line in lines or []]
         content = {"ename": name, "evalue": message, "traceback": lines or [f"{name}: {message}"]}
         if not self.silent:
             self.send_response(self.iopub_socket, "error", content)
@@ -150,7 +151,7 @@ class MlplcodeKernel(Kernel):
 
     def say(self, text):
         if not self.silent:
-            self.send_response(self.iopub_socket, "stream", {"name": "stdout", "text": text + "\n"})
+            self.send_response(self.iopub_socket, "stream", {"name": "stdout", "text": visible(text) + "\n"})
 
     def warn(self, text):
         if not self.silent:

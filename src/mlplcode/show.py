@@ -5,6 +5,7 @@ import re
 
 from .journal import waiting_step
 from .protocol import format_action, headline
+from .trust import visible
 from .verbs import VERB_OF_TOOL
 
 def step_view(state, step):
@@ -22,7 +23,10 @@ def step_view(state, step):
     return view
 
 def step_title(step):
-    return headline(step.action) if "tool" in step.action else "reply not parsed"
+    if "tool" in step.action:
+        return headline(step.action)
+    first = step.reply.strip().split("\n", 1)[0]
+    return f"reply not parsed: {first[:60]}" if first else "reply not parsed (an empty reply)"
 
 def action_part(state, step):
     """The action of STEP as a view part: a diff for WRITE and PATCH, protocol text otherwise."""
@@ -110,10 +114,14 @@ def prompt_view(messages):
 def policy_view(policy):
     return [("line", category, verdict) for category, verdict in policy.items()]
 
+def safe_view(view):
+    """VIEW with every label and text made visible."""
+    return [(kind, visible(label), visible(text)) for kind, label, text in view]
+
 def as_text(view):
     """VIEW as plain text: labelled lines, and blocks indented under their label."""
     lines = []
-    for kind, label, text in view:
+    for kind, label, text in safe_view(view):
         if kind == "title":
             lines.append(text)
         elif kind == "line":
@@ -126,7 +134,7 @@ def as_text(view):
 def as_markdown(view, level=4):
     """VIEW as Markdown: the title a heading of LEVEL, lines in bold labels, blocks fenced."""
     parts = []
-    for kind, label, text in view:
+    for kind, label, text in safe_view(view):
         if kind == "title":
             parts.append(f"{'#' * level} {markdown_escape(text)}")
         elif kind == "line":
@@ -147,7 +155,7 @@ DIFF_COLOURS = {"+": "#116329", "-": "#a40e26", "@": "#0550ae"}
 def as_html(view):
     """VIEW as an HTML fragment: a bold title, labelled lines, and blocks in <pre>."""
     parts = ['<div class="mlplcode">']
-    for kind, label, text in view:
+    for kind, label, text in safe_view(view):
         if kind == "title":
             parts.append(f"<p><strong>{html.escape(text)}</strong></p>")
         elif kind == "line":

@@ -3,7 +3,8 @@ import os
 import re
 
 from .journal import fold, read_events, waiting_step
-from .show import as_markdown, bundle, compact_view, note_view, step_view, stop_view, waiting_view
+from .show import as_markdown, bundle, compact_view, note_view, safe_view, step_view, stop_view, waiting_view
+from .trust import visible
 
 TRANSCRIPT_WORDS = {"decide": "a decision on the last step"}
 
@@ -48,15 +49,20 @@ def markdown(events):
     parts = [as_markdown(view, level=1 if kind == "task" else 2) for kind, _, view in sections(events)]
     return "\n".join(parts)
 
+def one_line(text):
+    return text.replace("\n", "\\n")
+
+
 def org(events):
     """The run of EVENTS as an Org document: a title, then a section per note, step and stop."""
     lines = []
     for kind, _, view in sections(events):
-        title, body = view[0][2], view[1:]
-        lines.append(f"#+TITLE: {title}" if kind == "task" else f"* {title}")
+        view = safe_view(view)
+        title, body = one_line(view[0][2]), view[1:]
+        lines.append("#+TITLE: " + title.replace("-*-", "-\\x2a-") if kind == "task" else f"* {title}")
         for part, label, text in body:
             if part == "line":
-                lines.append(f"{label}: {text}")
+                lines.append(f"{label}: {one_line(text)}")
             else:
                 block = "src diff" if part == "diff" else "example"
                 lines += [f"{label}:", f"#+begin_{block}", org_escape(text.rstrip("\n")),
@@ -74,27 +80,27 @@ def notebook(events):
     from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
     state = fold(events)
     start = state.start
-    cells = [new_markdown_cell(f"# mlplcode run {start['run']}\n\nRendered from the run's journal."),
-             new_code_cell(settings_source(start))]
+    cells = [new_markdown_cell(visible(f"# mlplcode run {start['run']}\n\nRendered from the run's journal.")),
+             new_code_cell(visible(settings_source(start)))]
     views = {(kind, number): view for kind, number, view in sections(events)}
 
     def output(kind, number, view):
         return new_output("display_data", data=bundle(view),
                           metadata={"mlplcode": {"run": start["run"], "step": number, "kind": kind}})
 
-    cells.append(new_code_cell("%%task\n" + start["task"], outputs=[output("task", None, views["task", None])]))
+    cells.append(new_code_cell(visible("%%task\n" + start["task"]), outputs=[output("task", None, views["task", None])]))
     number, step_cell = 0, None
     for event in events:
         if event["type"] == "note":
-            cells.append(new_code_cell(event["text"], outputs=[output("note", number, note_view(event["text"]))]))
+            cells.append(new_code_cell(visible(event["text"]), outputs=[output("note", number, note_view(event["text"]))]))
         elif event["type"] == "reply":
             number = event["step"]
             step_cell = new_code_cell("%step", outputs=[output("step", number, views["step", number])])
             cells.append(step_cell)
         elif event["type"] == "decision" and cells[-1] is step_cell:
-            step_cell.source += "\n" + decision_command(event)
+            step_cell.source += "\n" + visible(decision_command(event))
         elif event["type"] == "decision":
-            cells.append(new_code_cell(decision_command(event)))
+            cells.append(new_code_cell(visible(decision_command(event))))
         elif event["type"] == "compact":
             cells.append(new_markdown_cell(as_markdown(views["compact", number])))
     waiting = waiting_step(state)

@@ -1,4 +1,6 @@
 """Trust: terminal-safe text, secrets kept from the model, and the sandbox RUN executes in."""
+import base64
+import functools
 import os
 import re
 import resource
@@ -6,14 +8,19 @@ import shutil
 import stat
 import sys
 import unicodedata
+import urllib.parse
 
 INVISIBLE_CATEGORIES = ("Cc", "Cf", "Zl", "Zp", "Cs")
+# Other_Default_Ignorable_Code_Point and Variation_Selector of Unicode's PropList.txt.
+DEFAULT_IGNORABLE = re.compile("[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2065\u3164"
+                               "\ufe00-\ufe0f\uffa0\ufff0-\ufff8\U000e0000-\U000e0fff]")
 
 
 def is_invisible(char):
     """Whether CHAR would act on a terminal or hide itself instead of showing: controls,
-    escapes, bidi overrides, zero-width and tag characters, line separators."""
-    return char not in "\n\t" and unicodedata.category(char) in INVISIBLE_CATEGORIES
+    escapes, bidi overrides, zero-width and tag characters, fillers, variation selectors."""
+    return char not in "\n\t" and (unicodedata.category(char) in INVISIBLE_CATEGORIES
+                                   or DEFAULT_IGNORABLE.match(char) is not None)
 
 def escape(char):
     """CHAR as a Python-style escape: \\x1b, \\u202e, \\U000e0041."""
@@ -22,30 +29,107 @@ def escape(char):
         return f"\\x{code:02x}"
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
-def visible(text):
-    """TEXT with every invisible character shown as its escape, safe to print anywhere."""
-    return "".join(escape(char) if is_invisible(char) else char for char in text)
+# Org link types that run code or a program when followed (Org 9.5, ol.el and its modules).
+ACTING_LINK_TYPES = r"elisp|shell|eshell|man|file\+sys|docview"
+ACTING_IN_EMACS = re.compile(rf"(?i)(?:(?<=\[\[)|(?<=<))(?:{ACTING_LINK_TYPES}):"
+                             rf"|(?<![a-z0-9])(?:{ACTING_LINK_TYPES}):(?=\S)|local variables:")
 
-SECRET_PATTERNS = re.compile("|".join([
-    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)",
-    r"\bAKIA[0-9A-Z]{16}\b",
-    r"\bgh[pousr]_[A-Za-z0-9]{30,}",
-    r"\bgithub_pat_[A-Za-z0-9_]{30,}",
-    r"\bsk-[A-Za-z0-9_-]{20,}",
-    r"\bxox[abprs]-[A-Za-z0-9-]{10,}",
-    r"\bAIza[0-9A-Za-z_-]{35}",
-]), re.DOTALL)
+OUTSIDE_PRINTABLE_ASCII = re.compile(r"[^\t\n\x20-\x7e]")
+
+
+def visible(text):
+    """TEXT with every invisible character shown as its escape, and the colon of what Emacs
+    would act on (an Org link that runs code, a Local Variables block) escaped too."""
+    shown = OUTSIDE_PRINTABLE_ASCII.sub(
+        lambda match: escape(match[0]) if is_invisible(match[0]) else match[0], text)
+    return ACTING_IN_EMACS.sub(lambda match: match[0][:-1] + "\\x3a", shown)
+
+PRIVATE_KEY = re.compile(r"----[- ]?BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}"
+                         r"|-----BEGIN OpenVPN Static key V1-----|PuTTY-User-Key-File-\d+:")
+SECRET_SHAPES = tuple(re.compile(pattern, re.DOTALL) for pattern in (
+    r"----[- ]?BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}.*?"
+    r"(?:----[- ]?END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}|\Z)",
+    r"-----BEGIN OpenVPN Static key V1-----.*?(?:-----END OpenVPN Static key V1-----|\Z)",
+    r"PuTTY-User-Key-File-\d+:.*?(?:Private-MAC: *[0-9a-fA-F]+|\Z)",
+    r"(?:AKIA|ASIA|ABIA|ACCA)(?<=\b....)[0-9A-Z]{16}\b",
+    r"gh[pousr]_(?<=\bgh._)[A-Za-z0-9]{30,}",
+    r"github_pat_(?<=\bgithub_pat_)[A-Za-z0-9_]{30,}",
+    r"glpat-(?<=\bglpat-)[A-Za-z0-9_-]{20,}",
+    r"sk-(?<=\bsk-)[A-Za-z0-9_-]{20,}",
+    r"sk_(?:live|test)_(?<=\bsk_...._)[A-Za-z0-9]{10,}",
+    r"rk_(?:live|test)_(?<=\brk_...._)[A-Za-z0-9]{10,}",
+    r"xox[abprs]-(?<=\bxox.-)[A-Za-z0-9-]{10,}",
+    r"AIza(?<=\bAIza)[0-9A-Za-z_-]{35}",
+    r"npm_(?<=\bnpm_)[A-Za-z0-9]{36}",
+    r"pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_-]{50,}",
+    r"hf_(?<=\bhf_)[A-Za-z0-9]{34,}",
+    r"dckr_pat_(?<=\bdckr_pat_)[A-Za-z0-9_-]{20,}",
+    r"eyJ(?<=\beyJ)[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}",
+))
 
 ASSIGNED_SECRET = re.compile(
     r"(?i)\b(\w*(?:secret|token|passw(?:or)?d|api_?key)\w*)(\s*[:=]\s*[\"']?)"
     r"(?=[A-Za-z0-9+/=_.-]*\d)(?=[A-Za-z0-9+/=_.-]*[A-Za-z])([A-Za-z0-9+/=_.-]{16,})")
 REDACTED = "[redacted]"
 
+SHORTEST_ENCODED_SECRET = 8
+
+
+def encoded_forms(value):
+    """The forms VALUE takes when a program encodes it: hex, base64 (standard and URL-safe,
+    at each of the three offsets it can have inside a longer text), percent-encoding."""
+    data = value.encode("utf-8", "surrogateescape")
+    if len(data) < SHORTEST_ENCODED_SECRET:
+        return set()
+    forms = {data.hex(), data.hex().upper(), urllib.parse.quote(data, safe=""),
+             urllib.parse.quote_plus(data)}
+    for offset in range(3):
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            encoded = encode(bytes(offset) + data).decode("ascii")
+            forms.add(encoded[-(-8 * offset // 6):8 * (offset + len(data)) // 6])
+    return forms - {value}
+
+
+@functools.lru_cache(maxsize=4)
+def secret_forms(values):
+    """VALUES, a frozenset, with every encoded form of each: what redaction looks for."""
+    return frozenset(form for value in values for form in (value, *encoded_forms(value)))
+
+BASE64_LINES = re.compile(r"(?m)^(?:[A-Za-z0-9+/_-]{16,}={0,2}\r?\n)+[A-Za-z0-9+/_-]+={0,2}(?=\r?$)")
+
+
+def unwrapped_if_secret(block, values):
+    """A block of base64 lines, joined and redacted if it held a secret; as it was if not."""
+    joined = re.sub(r"\r?\n", "", block)
+    redacted = replace_values(joined, values)
+    return redacted if redacted != joined else block
+
+FEW_VALUES = 200
+SHORTEST_LOOKED_FOR = 6
+
+
+def possible_values(text, values):
+    """Those of VALUES that may occur in TEXT: all of few; of many, those whose start does."""
+    if len(values) <= FEW_VALUES:
+        return values
+    starts = {text[at:at + SHORTEST_LOOKED_FOR] for at in range(len(text) - SHORTEST_LOOKED_FOR + 1)}
+    return [value for value in values if len(value) < SHORTEST_LOOKED_FOR
+            or value[:SHORTEST_LOOKED_FOR] in starts]
+
+
+def replace_values(text, values):
+    """TEXT with each of VALUES that occurs in it replaced, longest first."""
+    for value in sorted(possible_values(text, values), key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    return text
+
 def redact(text, values=()):
     """TEXT with known secret VALUES and anything shaped like a key or token replaced."""
-    for value in sorted(values, key=len, reverse=True):
-        text = text.replace(value, REDACTED)
-    text = SECRET_PATTERNS.sub(REDACTED, text)
+    if values:
+        text = BASE64_LINES.sub(lambda block: unwrapped_if_secret(block[0], values), text)
+        text = replace_values(text, values)
+    for shape in SECRET_SHAPES:
+        text = shape.sub(REDACTED, text)
     return ASSIGNED_SECRET.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
 
 SECRET_VARIABLE_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")

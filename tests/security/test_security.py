@@ -3,8 +3,10 @@
 Every case is checked for its own outcome and for what must hold whatever
 the case: nothing outside the root changed, no process it started is left,
 nothing reached a server on 127.0.0.1 or a Unix socket of the host, no
-program of the project ran on the host, and no planted canary secret reached
-the journal, a prompt or the printed transcript.
+program of the project ran on the host, no planted canary secret reached the
+journal, a prompt or the printed transcript, neither as itself nor in a form
+that decoding base64, hex or percent-encoding gets back, and the printed
+transcript holds no character that a terminal obeys or that hides itself.
 
 Every case runs with a hostile PATH: programs named like the ones the agent
 starts (rg, git, bwrap, python, pytest) wait in the project's .venv/bin and
@@ -12,15 +14,19 @@ node_modules/.bin, which come first on the PATH, and in the working
 directory, which an empty and a relative entry name. Each leaves a mark
 beside the project if it runs on the host.
 """
+import base64
+import binascii
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import stat
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 
 import pytest
@@ -121,12 +127,43 @@ def build(world, setup):
             server.listen()
             server.setblocking(False)
             listeners.append((server, at))
+        elif operation == "git-run":  # a git command in the root, as a person would type it
+            subprocess.run(["git", "-C", str(world.root), "-c", "user.name=case", "-c", "user.email=case@x",
+                            *arguments], check=True, capture_output=True)
+        elif operation == "remove":
+            at.unlink()
         elif operation == "deep":
             (world.root / ("d/" * int(arguments[0])) / "deep.txt").parent.mkdir(parents=True)
             (world.root / ("d/" * int(arguments[0])) / "deep.txt").write_text("needle\n")
         else:
             raise ValueError(f"unknown setup operation {operation}")
     return listeners
+
+
+BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{8,}")
+HEX_RUN = re.compile(r"[0-9a-fA-F]{16,}")
+
+
+def decodings(text):
+    """TEXT, and every text a reader gets back by decoding what it holds: percent-encoding, and
+    each run of hex or base64 characters (either alphabet, wrapped lines joined) at every offset."""
+    yield text
+    yield urllib.parse.unquote(text)
+    for source in (text, re.sub(r"\r?\n", "", text)):
+        for run in BASE64_RUN.findall(source):
+            run = run.replace("-", "+").replace("_", "/")
+            for offset in range(4):
+                chunk = run[offset:len(run) - ((len(run) - offset) % 4 == 1)]
+                yield base64.b64decode(chunk + "=" * (-len(chunk) % 4)).decode("latin-1")
+        for run in HEX_RUN.findall(source):
+            for offset in (0, 1):
+                chunk = run[offset:][:(len(run) - offset) // 2 * 2]
+                yield binascii.unhexlify(chunk).decode("latin-1")
+
+
+def recoverable(secret, text):
+    """Whether SECRET can be read in TEXT, as it is or by decoding part of it."""
+    return any(secret in decoded for decoded in decodings(text))
 
 
 def decider(name, world, shown, monkeypatch):
@@ -343,6 +380,8 @@ def test_case(case, tmp_path, monkeypatch, fast, capsys, listener, request):
     assert git_obeys_nothing(world, expect.get("git_in", [])), "git obeyed what a test planted"
     for fragment in expect.get("not_shown", []):
         assert fragment not in "".join(shown) and fragment not in transcript
+    for fragment in expect.get("printed", []):
+        assert fragment in transcript, (fragment, transcript)
 
     assert (tree_hash(world.outside), tree_hash(world.home)) == before, "something outside changed"
     assert escapes(world) == [], "a test wrote outside the sandbox"
@@ -350,7 +389,7 @@ def test_case(case, tmp_path, monkeypatch, fast, capsys, listener, request):
     assert no_processes_left(tmp_path), "a process of the case is still running"
     assert nobody_connected(listener), "a case reached the network"
     assert nobody_came(listeners), "a case reached a Unix socket of the host"
-    recorded = journal.read_text() + "".join(prompts) + transcript
-    for name, canary in CANARIES.items():
-        assert canary not in recorded, f"the {name} canary leaked"
-    assert "\x1b" not in transcript and "\u202e" not in transcript
+    recorded = journal.read_text() + "".join(prompts) + transcript + said
+    for name, canary in [*CANARIES.items(), *(("case", secret) for secret in case.get("canaries", []))]:
+        assert not recoverable(canary, recorded), f"the {name} canary leaked"
+    assert not [char for char in transcript if trust.is_invisible(char)], "an invisible character was printed"

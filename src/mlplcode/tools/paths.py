@@ -1,6 +1,5 @@
 """Paths: which paths inside the root the tools may use, and the real path each one names."""
 import contextlib
-import fnmatch
 import os
 import re
 
@@ -9,11 +8,62 @@ import pathspec
 from ..trust import inside, is_invisible, visible
 from . import PathRefused
 
-# Matched case-insensitively against every component of a path.
-SECRET_NAME_PATTERNS = (
-    ".env", ".env.*", "id_rsa", "id_ed25519", "*.pem", "*.key", "*.p12", "*.pfx",
-    ".npmrc", ".pypirc", ".netrc", "credentials*.json", "secrets.y*ml",
+SECRET_NAMES = (
+    # Environment files, every naming: .env, .env.local, .envrc (direnv), .env_production,
+    # .envs/ (cookiecutter), prod.env, and wrangler's .dev.vars.
+    ".env*", "*.env", ".dev.vars",
+    # SSH: private keys of every algorithm, renamed or hardware-backed (_sk), PuTTY's,
+    # a server's host keys, and the directory that holds them.
+    "id_{rsa,dsa,ecdsa,ed25519,xmss}*", "*_{rsa,dsa,ecdsa,ed25519}", "*.ppk", "ssh_host_*", ".ssh",
+    # Private keys and the containers that hold them: PEM, PKCS#8, PKCS#12, Java and Android
+    # key stores, KeePass and Apple keychains; GnuPG's home.
+    "*.{pem,key,p8,pk8,pkcs8,p12,pfx,pkcs12,jks,keystore,bks,kdb,kdbx,keychain}", ".gnupg",
+    # Cloud and registry credentials: AWS, Azure, gcloud and Firebase service accounts,
+    # Google OAuth clients, Docker's old config, boto, s3cmd, Vault.
+    ".aws", ".azure", "credentials", "*credentials*.{json,toml,xml,db,yaml,yml,csv,ini,txt}",
+    "access_tokens.db", "*service?account*.json", "*adminsdk*.json", "client_secret*.json",
+    ".dockercfg", ".boto", ".s3cfg", ".vault-token",
+    # Package managers' and git's tokens: npm, Yarn, PyPI, pip, Composer, netrc, git's store.
+    ".npmrc", ".yarnrc*", ".pypirc", "pip.{conf,ini}", "auth.json", ".netrc", "_netrc",
+    ".git-credentials",
+    # Databases' password files.
+    ".pgpass", ".my.cnf", ".mylogin.cnf",
+    # Kubernetes and Terraform: kubeconfigs, variable files, state (which keeps every secret
+    # it was given, in plain text), and the CLI's token files.
+    "kubeconfig*", "*.kubeconfig", "*.tfvars", "*.tfvars.json", "*.tfstate", "*.tfstate.*",
+    ".terraformrc", "terraform.rc", "credentials.tfrc.json",
+    # Web servers' password files, VPN profiles with their keys, Azure Functions' local secrets.
+    ".htpasswd", ".htdigest", "*.ovpn", "local.settings.json",
+    # Files named for what they hold, in a data format (secrets.py is a module, not a secret).
+    "{secret,secrets,password,passwords}.{json,toml,xml,yaml,yml,ini,txt,csv,properties}",
 )
+SECRET_PATHS = (
+    ".docker/config.json", ".kube/config", ".config/gcloud", "gh/hosts.yml", ".m2/settings*.xml",
+    ".gradle/gradle.properties", ".bundle/config", ".cargo/credentials*",
+)
+
+def glob_pattern(glob: str) -> str:
+    """The regular expression of a glob: * any run, ? any one character, {a,b} either."""
+    parts = re.split(r"(\*|\?|\{[^{}]*\})", glob)
+    return "".join(".*" if part == "*" else "." if part == "?"
+                   else "(?:" + "|".join(map(re.escape, part[1:-1].split(","))) + ")" if part.startswith("{")
+                   else re.escape(part) for part in parts)
+
+
+def any_of(globs) -> re.Pattern:
+    return re.compile("(?s:" + "|".join(map(glob_pattern, globs)) + r")\Z")
+
+
+SECRET_NAME = any_of(SECRET_NAMES)
+SECRET_PATH_PARTS = tuple(tuple(any_of([glob]) for glob in path.split("/")) for path in SECRET_PATHS)
+SECRET_PATH_END = any_of(path.split("/")[-1] for path in SECRET_PATHS)
+# Every secret name and path as a ripgrep glob, for SEARCH's excluding globs.
+SECRET_NAME_PATTERNS = SECRET_NAMES + tuple(f"**/{path}" for path in SECRET_PATHS)
+
+
+def folded(name: str) -> str:
+    """NAME as the file systems that ignore case and trailing dots and spaces see it."""
+    return name.casefold().rstrip(" .")
 
 
 def is_secret_name(name: str) -> bool:
@@ -22,8 +72,19 @@ def is_secret_name(name: str) -> bool:
     Case and trailing dots and spaces are ignored: .ENV and ".env." are as secret
     as .env, and some file systems agree.
     """
-    folded = name.casefold().rstrip(" .")
-    return any(fnmatch.fnmatchcase(folded, pattern) for pattern in SECRET_NAME_PATTERNS)
+    return SECRET_NAME.match(folded(name)) is not None
+
+def secret_at(parts: list[str], index: int) -> str | None:
+    """The name, or trailing run of names, of PARTS[:INDEX + 1] that marks it secret, or None."""
+    if is_secret_name(parts[index]):
+        return parts[index]
+    if not SECRET_PATH_END.match(folded(parts[index])):
+        return None
+    for globs in SECRET_PATH_PARTS:
+        start = index + 1 - len(globs)
+        if start >= 0 and all(glob.match(folded(part)) for glob, part in zip(globs, parts[start:])):
+            return "/".join(parts[start:index + 1])
+    return None
 
 def load_ignore_rules(root: str, name: str) -> pathspec.PathSpec:
     """Read the gitignore-style rules of a file at the root; no file means no rules.
@@ -51,11 +112,13 @@ def denial_reason(relative: str, mlplcodeignore: pathspec.PathSpec) -> str | Non
     Every component is checked, so a .git or secret directory hides all it holds.
     `relative` uses / and ends with / for a directory, as gitignore rules expect.
     """
-    for part in relative.rstrip("/").split("/"):
+    parts = relative.rstrip("/").split("/")
+    for index, part in enumerate(parts):
         if part.casefold() == ".git":
             return ".git is protected; use RUN git status or git diff to look at the repository"
-        if is_secret_name(part):
-            return f"{part} may hold secrets, so tools never touch it; work without it"
+        secret = secret_at(parts, index)
+        if secret:
+            return f"{secret} may hold secrets, so tools never touch it; work without it"
     if mlplcodeignore.match_file(relative):
         return "excluded by .mlplcodeignore; work without it"
     return None
@@ -101,6 +164,8 @@ def resolve_path(project, path: str) -> str:
         reason = denial_reason(spelling, mlplcodeignore)
         if reason:
             raise PathRefused(f"{path}: {reason}")
+    if target in project.secret_files:
+        raise PathRefused(f"{path}: holds a private key, so tools never touch it; work without it")
     return target
 
 DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
