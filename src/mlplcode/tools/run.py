@@ -91,8 +91,10 @@ def run_process(argv: list[str], project) -> tuple[int, Output] | None:
         with subprocess.Popen(argv, cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, env=child_environment(root, home),
                               start_new_session=True, preexec_fn=limit_resources) as process:
-            output = drain(process, deadline)
-            kill_group(process)
+            try:
+                output = drain(process, deadline)
+            finally:
+                kill_group(process)
             if output is None:
                 return None
     return process.returncode, output
