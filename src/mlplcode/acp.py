@@ -428,7 +428,7 @@ class FrontEnd:
                 return stop_reason(state.stop)
             waiting = waiting_step(state)
             if waiting is None:
-                report = await self.call(session, session.agent.run)
+                report = await self.call(session, session.agent.step)
                 continue
             answer = await self.ask(session, state, waiting)
             if answer == "cancelled":

@@ -74,6 +74,9 @@ def protected_paths(root: str) -> list[str]:
     names = (".git", *AGENT_FILES)
     return [os.path.join(root, name) for name in names if os.path.exists(os.path.join(root, name))]
 
+KILLED_SECONDS = 5
+
+
 def run_process(argv: list[str], project) -> tuple[int, Output] | None:
     """Run argv in the root without a shell; give (exit code, output), or None on timeout.
 
@@ -95,6 +98,7 @@ def run_process(argv: list[str], project) -> tuple[int, Output] | None:
                 output = drain(process, deadline)
             finally:
                 kill_group(process)
+                drain(process, time.monotonic() + KILLED_SECONDS)
             if output is None:
                 return None
     return process.returncode, output
