@@ -353,3 +353,14 @@ def test_the_acp_command_refuses_a_bad_model_spec_in_one_line(tmp_path):
     result = subprocess.run([MLPLCODE, "acp", "--model", "gpt"], capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert result.returncode == 2 and result.stdout == ""
     assert len(result.stderr.strip().splitlines()) == 1 and "unknown model spec 'gpt'" in result.stderr
+
+
+def test_without_the_acp_package_the_command_says_what_to_install():
+    program = "import sys; sys.modules['acp'] = None; from mlplcode.cli import main; sys.exit(main(sys.argv[1:]))"
+    result = subprocess.run([sys.executable, "-c", program, "acp", "--model", "echo"], capture_output=True,
+                            text=True, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == ("mlplcode acp: needs the Agent Client Protocol package:"
+                             " pip install 'mlplcode[acp]'\n")
+    usage = subprocess.run([sys.executable, "-m", "mlplcode.cli", "acp", "--help"], capture_output=True, text=True)
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: mlplcode acp")

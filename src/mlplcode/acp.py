@@ -390,7 +390,10 @@ class FrontEnd:
                                                             version=__version__))
 
     async def new_session(self, cwd, **_):
-        session = Session(new_run_id(), self.root(cwd))
+        run = new_run_id()
+        while run in self.sessions or os.path.lexists(os.path.join(runs_directory(), f"{run}.jsonl")):
+            run = new_run_id()
+        session = Session(run, self.root(cwd))
         if inside(os.path.realpath(runs_directory()), session.root):
             raise refused(f"the journals of mlplcode, in {runs_directory()}, would lie inside {session.root},"
                           " where a run could change them; set XDG_STATE_HOME to a directory outside it")
@@ -517,7 +520,7 @@ class FrontEnd:
         """What the Agent of SESSION calls as it records events and as its model retries."""
         return {"on_event": lambda event, state: self.tell(session, live(updates(event, state))),
                 "on_retry": lambda line: self.tell(session, [AgentThoughtChunk(
-                    session_update="agent_thought_chunk", content=text(visible(line) + "\n"))])}
+                    session_update="agent_thought_chunk", content=text(code(line) + "\n"))])}
 
     def tell(self, session, shown):
         """Send the updates SHOWN, in order, and wait until they are written (on the Agent's
