@@ -86,13 +86,13 @@ class Agent:
 
     @classmethod
     def start(cls, task, root, model, journal=None, budget=DEFAULT_BUDGET, policy=DEFAULT_POLICY,
-              model_options=None, on_event=None, on_retry=None):
+              model_options=None, on_event=None, on_retry=None, run=None):
         """Start a new run and return its Agent; refuses, before anything is written, a root
         that is not a directory, a journal that exists or lies in the root, and a model spec
         that names no model."""
         if not os.path.isdir(root):
             raise ValueError(f"{root}: not a directory")
-        run, options = new_run_id(), settled_options(model, model_options or {})
+        run, options = run or new_run_id(), settled_options(model, model_options or {})
         journal = journal_path(journal, root, run)
         built = model_from_spec(model, **options, **({"on_retry": on_retry} if on_retry else {}))
         os.makedirs(os.path.dirname(journal), exist_ok=True)

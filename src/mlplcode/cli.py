@@ -1,4 +1,4 @@
-"""The mlplcode command line: run, replay, resume, demo, kernel install and export."""
+"""The mlplcode command line: run, replay, resume, demo, kernel install, export and acp."""
 import argparse
 import json
 import os
@@ -177,6 +177,18 @@ def command_kernel_install(args):
     print(f"installed the mlplcode kernel in {where}")
     return 0
 
+def command_acp(args):
+    from .policy import DEFAULT_POLICY, load_policy
+    try:
+        from .acp import serve
+    except ModuleNotFoundError as error:
+        if error.name != "acp":
+            raise
+        raise ValueError("needs the Agent Client Protocol package: pip install 'mlplcode[acp]'") from None
+    policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
+    options = {"timeout": args.timeout, **({"api_key_env": args.api_key_env} if args.api_key_env else {})}
+    return serve(args.model, policy, args.budget, options)
+
 def existing_directory(path):
     if not os.path.isdir(path):
         raise ValueError(f"--root {path}: not a directory")
@@ -257,6 +269,17 @@ def build_parser():
     export_parser.add_argument("--to", default=DEFAULT_DIRECTORY, metavar="DIR",
                                help="the directory to write into (default: export/build in the checkout)")
     export_parser.set_defaults(handler=command_export)
+    acp_parser = commands.add_parser("acp", help="be an agent for an editor, over the Agent Client Protocol",
+                                     description="Speak the Agent Client Protocol on stdin and stdout: each"
+                                     " session the editor opens is a run in its directory.")
+    acp_parser.add_argument("--model", required=True, metavar="SPEC", help=SPEC_KINDS)
+    acp_parser.add_argument("--policy", metavar="FILE", help="a JSON policy, e.g. {\"write\": \"ask\"}")
+    acp_parser.add_argument("--budget", type=positive, default=DEFAULT_BUDGET, metavar="N",
+                            help=f"at most N model turns a run (default {DEFAULT_BUDGET})")
+    acp_parser.add_argument("--api-key-env", metavar="VAR", help="read the API key from environment variable VAR")
+    acp_parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="S",
+                            help=f"at most S seconds for each model call (default {DEFAULT_TIMEOUT:g})")
+    acp_parser.set_defaults(handler=command_acp)
     return parser
 
 def add_answers(parser):

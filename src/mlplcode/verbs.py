@@ -25,23 +25,24 @@ class Verb:
     run: Callable | None
     target: Callable | None
     shown: str = "text"
+    kind: str = "other"
 
 VERBS = (
     Verb("READ", "path", "a path", "", "READ <path>", "",
-         "read", check_read, read_file, file_target),
+         "read", check_read, read_file, file_target, kind="read"),
     Verb("SEARCH", "query", "the text to look for", "", "SEARCH <text>", "",
-         "search", None, search_files, None),
+         "search", None, search_files, None, kind="search"),
     Verb("WRITE", "path", "a path", "content", "WRITE <path>\n<complete file contents>\nEND",
          "READ a file before you WRITE or PATCH it. WRITE replaces the whole file.",
-         write_category, check_write, write_file, file_target, "diff"),
+         write_category, check_write, write_file, file_target, "diff", kind="edit"),
     Verb("PATCH", "path", "a path", "patch",
          "PATCH <path>\nOLD\n<exact existing lines>\nNEW\n<replacement lines>\nEND",
          "PATCH replaces the OLD lines, which must occur exactly once in the file.",
-         write_category, check_patch, patch_file, file_target, "diff"),
+         write_category, check_patch, patch_file, file_target, "diff", kind="edit"),
     Verb("RUN", "command", "a command", "", "RUN <command>",
          "RUN runs the tests or looks at git, without a shell: pytest, python -m pytest,"
          " git status, git diff.",
-         classify_command, check_run, run_command, command_target),
+         classify_command, check_run, run_command, command_target, kind="execute"),
     Verb("DONE", "summary", "a one-line summary", "", "DONE <summary>",
          "DONE is accepted only after you have edited a file and a test run has passed"
          " since that edit; the project's tests as they were before your changes must pass too.",

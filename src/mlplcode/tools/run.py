@@ -177,6 +177,9 @@ def protected_paths(root: str, metadata: dict) -> list[str]:
     paths = [os.path.join(root, name) for name in AGENT_FILES] + sorted(metadata)
     return [path for path in paths if os.path.lexists(path) and not os.path.islink(path)]
 
+KILLED_SECONDS = 5
+
+
 def run_process(argv: list[str], project, protected: list[str], masked: list[str],
                 variables: dict) -> tuple[int, Output] | None:
     """Run argv in the root without a shell; give (exit code, output), or None on timeout.
@@ -200,6 +203,7 @@ def run_process(argv: list[str], project, protected: list[str], masked: list[str
                 output = drain(process, deadline)
             finally:
                 kill_group(process)
+                drain(process, time.monotonic() + KILLED_SECONDS)
     return None if output is None else (process.returncode, output)
 
 PYTEST_FAILURE_SUMMARY = re.compile(r"\b\d+ (failed|errors?)\b")

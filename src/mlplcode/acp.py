@@ -1,0 +1,548 @@
+"""The Agent Client Protocol: mlplcode as an agent that an editor starts and talks to on stdio."""
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import os
+import queue
+import re
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from urllib.parse import unquote, urlparse
+
+from acp import PROTOCOL_VERSION, RequestError, run_agent
+from acp.schema import (AgentCapabilities, AgentMessageChunk, AgentThoughtChunk, ContentToolCallContent,
+                        FileEditToolCallContent, Implementation, InitializeResponse, LoadSessionResponse,
+                        NewSessionResponse, PermissionOption, PromptCapabilities, PromptResponse,
+                        TextContentBlock, ToolCallLocation, ToolCallProgress, ToolCallStart,
+                        ToolCallUpdate, UserMessageChunk)
+
+from . import __version__
+from .agent import Agent, AgentError, new_run_id, runs_directory
+from .journal import State, apply, waiting_step
+from .models import ModelError, model_from_spec
+from .protocol import headline
+from .show import seen_files
+from .trust import inside, visible
+from .verbs import VERB_OF_TOOL
+
+def take_stdio():
+    """The protocol's own files, copies of stdin and stdout; then stdin reads nothing and
+    stdout writes to stderr, for everything else in the process and its children."""
+    reading, writing = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
+    with open(os.devnull, "rb") as nothing:
+        os.dup2(nothing.fileno(), 0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return reading, writing
+
+LINE_LIMIT = 50 * 1024 * 1024
+
+
+def lines(reading, limit=LINE_LIMIT):
+    """Each line of READING to its end; a line longer than LIMIT bytes is read to its end
+    and given as None."""
+    while line := reading.readline(limit + 1):
+        if len(line) > limit and not line.endswith(b"\n"):
+            while (rest := reading.readline(limit)) and not rest.endswith(b"\n"):
+                pass
+            line = None
+        yield line
+
+def error_response(code, message, id=None):
+    return {"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}
+
+def read_message(line):
+    """LINE as (a JSON-RPC 2.0 message, None), or (None, the error response it deserves)."""
+    if line is None:
+        return None, error_response(-32700, f"Parse error: a message is one line of at most {LINE_LIMIT} bytes")
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        return None, error_response(-32700, "Parse error: the line is not JSON")
+    if not isinstance(message, dict):
+        return None, error_response(-32600, "Invalid Request: a message is a JSON object")
+    problem = message_problem(message)
+    if problem:
+        id = message.get("id")
+        return None, error_response(-32600, f"Invalid Request: {problem}", id if valid_id(id) else None)
+    return message, None
+
+def valid_id(id):
+    return id is None or isinstance(id, str) or (isinstance(id, int) and not isinstance(id, bool))
+
+def message_problem(message):
+    """What keeps MESSAGE from being a JSON-RPC 2.0 request, notification or response, or ""."""
+    if message.get("jsonrpc") != "2.0":
+        return 'jsonrpc must be "2.0"'
+    if not valid_id(message.get("id")):
+        return "id must be a string, a whole number or null"
+    if "method" in message:
+        if not isinstance(message["method"], str):
+            return "method must be a string"
+        if not isinstance(message.get("params", {}), (dict, list, type(None))):
+            return "params must be an object or an array"
+    elif "id" not in message or ("result" in message) == ("error" in message):
+        return "a message is a request, a notification, or a response with a result or an error"
+    elif not isinstance(message.get("error", {}), dict):
+        return "error must be an object"
+    return ""
+
+class LineTransport:
+    """The SDK's message transport over the protocol's files: one JSON-RPC message a line,
+    each way; a line that is not a JSON-RPC message is answered here."""
+
+    def __init__(self, reading, writing):
+        self.writing, self.closed, self.messages = writing, False, asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=self.feed, args=(reading, loop), daemon=True).start()
+
+    def feed(self, reading, loop):
+        """Read and check each line in a thread of its own, since a read blocks; None at the end."""
+        for line in lines(reading):
+            loop.call_soon_threadsafe(self.messages.put_nowait, read_message(line))
+        loop.call_soon_threadsafe(self.messages.put_nowait, (None, None))
+
+    async def receive(self):
+        """The next message, or None when the client has closed its end."""
+        while True:
+            message, error = await self.messages.get()
+            if error is None:
+                return message
+            await self.send(error)
+
+    async def send(self, message):
+        if self.closed:
+            raise ConnectionError("the client has gone")
+        try:
+            self.writing.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+            self.writing.flush()
+        except OSError as error:
+            self.closed = True
+            raise ConnectionError("the client has gone") from error
+
+    async def close(self):
+        self.closed = True
+
+class Cancelled(KeyboardInterrupt):
+    """A cancel from the client, raised as the interrupt that the Agent already handles."""
+
+
+CANCEL_SIGNAL = signal.SIGUSR1
+INTERRUPTED = "interrupted"
+
+class AgentThread:
+    """The main thread, which makes every call on an Agent, one at a time, so that a cancel
+    can interrupt the call with a signal, as Ctrl-C interrupts the command line."""
+
+    def __init__(self):
+        self.calls, self.finished = queue.SimpleQueue(), threading.Event()
+        self.running, self.interrupted = None, False
+
+    def submit(self, session, function):
+        """Queue FUNCTION for SESSION; the future of its result (INTERRUPTED, if cancelled)."""
+        future = concurrent.futures.Future()
+        self.calls.put((session, function, future))
+        return future
+
+    def stop(self):
+        self.calls.put(None)
+
+    def serve(self):
+        """Make the calls as they come, until stop."""
+        signal.signal(CANCEL_SIGNAL, self.on_cancel)
+        try:
+            while (call := self.calls.get()) is not None:
+                self.make(*call)
+        finally:
+            self.finished.set()
+
+    def make(self, session, function, future):
+        if not future.set_running_or_notify_cancel():
+            return
+        result, error = INTERRUPTED, None
+        try:
+            try:
+                self.running, self.interrupted = session, False
+                if not session.cancelled:
+                    result = function()
+            finally:
+                self.running = None
+        except Cancelled:
+            pass
+        except Exception as problem:
+            error = problem
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    def interrupt(self, session):
+        """Interrupt SESSION's call, if it is the one running (called from the protocol's thread)."""
+        if self.running is session:
+            signal.pthread_kill(threading.main_thread().ident, CANCEL_SIGNAL)
+
+    def on_cancel(self, number, frame):
+        if self.running is not None and self.running.cancelled and not self.interrupted:
+            self.interrupted = True
+            raise Cancelled
+
+def text(words):
+    return TextContentBlock(type="text", text=words)
+
+def fenced(words):
+    """WORDS made visible, in a code fence longer than any run of backticks in them, so that
+    a client shows them as they are instead of rendering them as Markdown."""
+    words = visible(words)
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall("`+", words)), default=0))
+    return f"{fence}\n{words}\n{fence}\n"
+
+def code(words):
+    """WORDS made visible, as a Markdown code span."""
+    words = visible(words)
+    ticks = "`" * (1 + max((len(run) for run in re.findall("`+", words)), default=0))
+    pad = " " if words.startswith("`") or words.endswith("`") else ""
+    return f"{ticks}{pad}{words}{pad}{ticks}"
+
+def agent_says(words):
+    return AgentMessageChunk(session_update="agent_message_chunk", content=text(words))
+
+def person_said(words):
+    return UserMessageChunk(session_update="user_message_chunk", content=text(visible(words)))
+
+def shown_text(words):
+    return ContentToolCallContent(type="content", content=text(fenced(words)))
+
+def call_id(step):
+    return f"step-{step.number}"
+
+def location(state, step):
+    """Where STEP's action acts, or None: its path under the root, with, for a PATCH, the
+    line where its OLD lines start in the file as the run last saw it."""
+    action, root = step.action, state.start["root"]
+    if VERB_OF_TOOL[action["tool"]].argument != "path":
+        return None
+    path = os.path.normpath(os.path.join(root, action["path"]))
+    if not inside(path, root):
+        return None
+    if action["tool"] == "patch":
+        seen = seen_files(state.steps[:step.number - 1]).get(action["path"])
+        if seen and action["old"] in seen:
+            return ToolCallLocation(path=path, line=seen[:seen.index(action["old"])].count("\n") + 1)
+    return ToolCallLocation(path=path)
+
+def change(state, step, place):
+    """STEP's WRITE or PATCH as ACP's diff: OLD and NEW lines, or the file as the run last saw
+    it (nothing, for a new file) and its new content."""
+    action = step.action
+    if action["tool"] == "patch":
+        before, after = action["old"], action["new"]
+    else:
+        before, after = seen_files(state.steps[:step.number - 1]).get(action["path"]), action["content"]
+    return FileEditToolCallContent(type="diff", path=place.path, new_text=visible(after),
+                                   old_text=None if before is None else visible(before))
+
+def tool_fields(state, step):
+    """How a tool call shows STEP's action: a title, a kind, where it acts, and the change."""
+    action = step.action
+    if "tool" not in action:
+        return {"title": "reply not parsed", "kind": "other"}
+    verb, place = VERB_OF_TOOL[action["tool"]], location(state, step)
+    fields = {"title": code(headline(action)), "kind": verb.kind, "raw_input": action}
+    if place:
+        fields["locations"] = [place]
+    if place and verb.shown == "diff":
+        fields["content"] = [change(state, step, place)]
+    return fields
+
+def result(state, step):
+    """The content that shows STEP's observation: the change it made, if any, then its text."""
+    made = tool_fields(state, step).get("content", []) if step.observation["ok"] else []
+    return made + [shown_text(step.observation["text"])]
+
+def progress(step, **changes):
+    return ToolCallProgress(session_update="tool_call_update", tool_call_id=call_id(step), **changes)
+
+def updates(event, state):
+    """The session updates that show EVENT; STATE is the run just after it."""
+    kind, step = event["type"], state.steps[-1] if state.steps else None
+    called = bool(step and step.action)
+    if kind in ("start", "note"):
+        return [person_said(event["task" if kind == "start" else "text"])]
+    if kind == "reply":
+        return [agent_says(fenced(event["text"]))]
+    if kind == "action":
+        return [ToolCallStart(session_update="tool_call", tool_call_id=call_id(step), status="pending",
+                              **tool_fields(state, step))]
+    if kind == "verdict" and event["verdict"] == "allow":
+        return [progress(step, status="in_progress")]
+    if kind == "decision":
+        shown = [progress(step, status="in_progress")] if event["approved"] else []
+        return shown + ([person_said(event["reason"])] if event.get("reason") else [])
+    if kind == "observation" and called:
+        status = "completed" if event["ok"] else "failed"
+        return [progress(step, status=status, content=result(state, step))]
+    if kind == "observation":
+        return [agent_says(fenced(event["text"]))]
+    if kind == "stop":
+        failed = [progress(step, status="failed", content=[shown_text(event["message"])])]
+        said = agent_says(f"stop: {event['reason']}\n\n" + fenced(event["message"]))
+        return (failed if called and step.observation is None else []) + [said]
+    if kind == "resume":
+        return [agent_says("The run was taken up again.\n")]
+    return []
+
+def live(shown):
+    """The updates of a run as it happens: without the person's own words, which the
+    client already shows."""
+    return [update for update in shown if not isinstance(update, UserMessageChunk)]
+
+STOP_REASONS = {"done": "end_turn", "budget": "max_turn_requests", "denied": "refusal",
+                "interrupted": "cancelled"}
+
+
+def stop_reason(stop):
+    """The ACP stopReason of a run's stop; a run that failed is an error response instead."""
+    if stop["reason"] in STOP_REASONS:
+        return STOP_REASONS[stop["reason"]]
+    raise RequestError(-32603, f"the run stopped ({stop['reason']}): {visible(stop['message'])}",
+                       {"stop": stop["reason"]})
+
+OPTIONS = [PermissionOption(option_id="allow", name="Allow", kind="allow_once"),
+           PermissionOption(option_id="explain", name="Reject, and say why in your next message",
+                            kind="reject_once"),
+           PermissionOption(option_id="reject", name="Reject, and end the run", kind="reject_once")]
+
+ACP_WORDS = {"start": "a new session", "step": "a new prompt", "decide": "a new prompt",
+             "resume": "a new prompt"}
+
+
+def refused(message):
+    return RequestError(-32602, visible(message))
+
+def prompt_text(blocks, root):
+    """The text of a prompt: its text blocks, and a link as its URI, or as its path in the root."""
+    parts = []
+    for block in blocks:
+        if block.type == "text":
+            parts.append(block.text)
+        elif block.type == "resource_link":
+            parts.append(link_text(block.uri, root))
+        else:
+            raise refused(f"a prompt is text; this agent does not take {block.type} blocks")
+    words = "".join(parts).strip()
+    if not words:
+        raise refused("the prompt is empty")
+    try:
+        words.encode("utf-8")
+    except UnicodeEncodeError:
+        raise refused("the prompt holds a lone surrogate, which is not text") from None
+    return words
+
+def link_text(uri, root):
+    """A resource link as the model can use it: a file in the root as its relative path."""
+    parts = urlparse(uri)
+    path = unquote(parts.path)
+    if parts.scheme == "file" and os.path.isabs(path) and inside(os.path.normpath(path), root):
+        return os.path.relpath(path, root)
+    return uri
+
+@dataclass(eq=False)
+class Session:
+    """One ACP session: one run in one root. The run is its journal; these fields say where
+    the conversation with the client stands."""
+    id: str
+    root: str
+    agent: Agent | None = None
+    answering: bool = False
+    explaining: bool = False
+    cancelled: bool = False
+    asking: asyncio.Task | None = None
+
+class FrontEnd:
+    """The ACP agent: the client's requests, answered with each session's Agent."""
+
+    def __init__(self, worker, settings):
+        self.worker, self.settings = worker, settings
+        self.sessions, self.client, self.loop = {}, None, None
+
+    async def speak(self, reading, writing):
+        """Answer the client until it closes its end; then interrupt what runs, and stop."""
+        self.loop = asyncio.get_running_loop()
+        try:
+            await run_agent(self, LineTransport(reading, writing))
+        finally:
+            for session in self.sessions.values():
+                self.stop_turn(session)
+            self.worker.stop()
+            await asyncio.to_thread(self.worker.finished.wait)
+
+    def on_connect(self, client):
+        self.client = client
+
+    async def initialize(self, protocol_version, **_):
+        capabilities = AgentCapabilities(load_session=True, prompt_capabilities=PromptCapabilities(
+            image=False, audio=False, embedded_context=False))
+        return InitializeResponse(protocol_version=PROTOCOL_VERSION, agent_capabilities=capabilities,
+                                  agent_info=Implementation(name="mlplcode", title="mlplcode",
+                                                            version=__version__))
+
+    async def new_session(self, cwd, **_):
+        run = new_run_id()
+        while run in self.sessions or os.path.lexists(os.path.join(runs_directory(), f"{run}.jsonl")):
+            run = new_run_id()
+        session = Session(run, self.root(cwd))
+        if inside(os.path.realpath(runs_directory()), session.root):
+            raise refused(f"the journals of mlplcode, in {runs_directory()}, would lie inside {session.root},"
+                          " where a run could change them; set XDG_STATE_HOME to a directory outside it")
+        self.sessions[session.id] = session
+        print(f"mlplcode acp: session {session.id} in {session.root}", file=sys.stderr, flush=True)
+        return NewSessionResponse(session_id=session.id)
+
+    def root(self, cwd):
+        if not (os.path.isabs(cwd) and os.path.isdir(cwd)):
+            raise refused(f"cwd {cwd!r} is not an absolute path to a directory")
+        return os.path.realpath(cwd)
+
+    def session(self, session_id):
+        if session_id not in self.sessions:
+            raise refused(f"no session {session_id!r}: start one with session/new or session/load")
+        return self.sessions[session_id]
+
+    async def prompt(self, prompt, session_id, **_):
+        session = self.session(session_id)
+        words = prompt_text(prompt, session.root)
+        if session.answering:
+            raise refused("this session is already answering a prompt; cancel it first")
+        session.answering, session.cancelled = True, False
+        try:
+            return PromptResponse(stop_reason=await self.take_turn(session, words))
+        finally:
+            session.answering = False
+
+    async def take_turn(self, session, words):
+        """Run until the run stops, an ask waits for a reason, or the client cancels."""
+        report = await self.call(session, lambda: self.begin(session, words))
+        while report is not INTERRUPTED and not session.cancelled:
+            state = report.state
+            if state.stop:
+                return stop_reason(state.stop)
+            waiting = waiting_step(state)
+            if waiting is None:
+                report = await self.call(session, session.agent.step)
+                continue
+            answer = await self.ask(session, state, waiting)
+            if answer == "cancelled":
+                break
+            if answer == "explain":
+                session.explaining = True
+                return "end_turn"
+            decide = session.agent.approve if answer == "allow" else lambda: session.agent.deny("")
+            report = await self.call(session, decide)
+        return "cancelled"
+
+    def begin(self, session, words):
+        """Take WORDS as the task of a new run, the reason for a no, or a note (on the Agent's thread)."""
+        agent = session.agent
+        if agent is None:
+            session.agent = Agent.start(words, session.root, run=session.id, **self.settings,
+                                        **self.watchers(session))
+            return session.agent.report([])
+        if session.explaining:
+            session.explaining = False
+            return agent.deny(words)
+        if agent.state.stop and agent.state.stop["reason"] == "interrupted":
+            agent.resume()
+        agent.note(words)
+        return agent.report([])
+
+    async def ask(self, session, state, step):
+        """The option the person chose for STEP's action, or "cancelled"."""
+        request = self.client.request_permission(
+            session_id=session.id, options=OPTIONS,
+            tool_call=ToolCallUpdate(tool_call_id=call_id(step), status="pending", **tool_fields(state, step)))
+        session.asking = asyncio.ensure_future(request)
+        try:
+            response = await session.asking
+        except asyncio.CancelledError:
+            if not session.cancelled:
+                raise
+            return "cancelled"
+        finally:
+            session.asking = None
+        outcome = response.outcome
+        return outcome.option_id if outcome.outcome == "selected" else "cancelled"
+
+    async def cancel(self, session_id, **_):
+        if session_id in self.sessions:
+            self.stop_turn(self.sessions[session_id])
+
+    def stop_turn(self, session):
+        session.cancelled = True
+        if session.asking:
+            session.asking.cancel()
+        self.worker.interrupt(session)
+
+    async def load_session(self, cwd, session_id, **_):
+        root, journal = self.root(cwd), self.journal(session_id)
+        if session_id in self.sessions and self.sessions[session_id].answering:
+            raise refused("this session is answering a prompt; cancel it first")
+        session = Session(session_id, root)
+        agent = await self.call(session, lambda: Agent(journal, **self.watchers(session)))
+        if agent.root != root:
+            raise refused(f"session {session_id} works in {agent.root}, not in {root}")
+        session.agent, self.sessions[session_id], state = agent, session, State()
+        for event in agent.events:
+            for update in updates(event, apply(state, event)):
+                await self.client.session_update(session_id=session_id, update=update)
+        return LoadSessionResponse()
+
+    def journal(self, session_id):
+        """The journal of the run SESSION_ID names, in the directory of runs, and nowhere else."""
+        journal = os.path.join(runs_directory(), f"{session_id}.jsonl")
+        if session_id != os.path.basename(session_id) or session_id.startswith(".") or not os.path.isfile(journal):
+            raise refused(f"no run {session_id!r} in {runs_directory()}")
+        return journal
+
+    async def call(self, session, function):
+        """FUNCTION's result, made on the Agent's thread: INTERRUPTED if a cancel cut it short;
+        a refusal becomes a JSON-RPC error."""
+        try:
+            return await asyncio.wrap_future(self.worker.submit(session, function))
+        except AgentError as error:
+            raise refused(error.said(ACP_WORDS)) from None
+        except (ValueError, OSError, ModelError) as error:
+            raise refused(str(error)) from None
+
+    def watchers(self, session):
+        """What the Agent of SESSION calls as it records events and as its model retries."""
+        return {"on_event": lambda event, state: self.tell(session, live(updates(event, state))),
+                "on_retry": lambda line: self.tell(session, [AgentThoughtChunk(
+                    session_update="agent_thought_chunk", content=text(code(line) + "\n"))])}
+
+    def tell(self, session, shown):
+        """Send the updates SHOWN, in order, and wait until they are written (on the Agent's
+        thread); a client that has gone is told nothing."""
+        async def send():
+            for update in shown:
+                await self.client.session_update(session_id=session.id, update=update)
+        with contextlib.suppress(ConnectionError):
+            asyncio.run_coroutine_threadsafe(send(), self.loop).result()
+
+def serve(model, policy, budget, model_options):
+    """Speak ACP on stdin and stdout until the client closes stdin; return the exit status."""
+    model_from_spec(model, **model_options)
+    reading, writing = take_stdio()
+    print(f"mlplcode acp: protocol version {PROTOCOL_VERSION} on stdin and stdout;"
+          f" journals in {runs_directory()}", file=sys.stderr, flush=True)
+    worker = AgentThread()
+    front = FrontEnd(worker, {"model": model, "policy": policy, "budget": budget,
+                              "model_options": model_options})
+    threading.Thread(target=asyncio.run, args=(front.speak(reading, writing),), daemon=True).start()
+    try:
+        worker.serve()
+    except KeyboardInterrupt:
+        return 130
+    return 0
