@@ -145,7 +145,7 @@ def run_trial(inputs):
     Gives the journal's text, the check's outcome, the steps whose observation
     showed a secret, what changed beside the project, and the agent's seconds.
     """
-    with tempfile.TemporaryDirectory(prefix="mlplcode-eval-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="mlplcode-eval-", ignore_cleanup_errors=True) as scratch:
         task = os.path.join(scratch, "task")
         unpack(inputs["files"], task)
         root, journal = os.path.join(task, PROJECT), os.path.join(scratch, "journal.jsonl")
@@ -196,7 +196,8 @@ def lay_over(source, root):
 def check_argv(root, tests):
     """The pytest command of a hidden check: its own tests, and nothing the project says."""
     return [sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
-            "-c", os.devnull, "--rootdir", root, "-o", f"pythonpath={root}", *tests]
+            "-c", os.devnull, "--rootdir", root, "-o", f"pythonpath={root}",
+            *(os.path.join(root, test) for test in tests)]
 
 PASSED_SUMMARY = re.compile(r"\b\d+ passed\b")
 
@@ -209,9 +210,13 @@ def check_passed(exit_code, output):
 def hidden_check(data, root, unpacked):
     """Lay the check over the project as the agent left it, and run its tests in the sandbox."""
     unpack(data, unpacked)
-    lay_over(unpacked, root)
     project = open_project(root)
     sandboxed = project.programs["bwrap"] is not None
+    try:
+        lay_over(unpacked, project.root)
+    except OSError as error:
+        return {"passed": False, "exit_code": None, "sandboxed": sandboxed,
+                "output": f"the check could not be laid over the project: {error}"}
     result = run_process(check_argv(project.root, check_tests(unpacked)), project)
     if result is None:
         return {"passed": False, "exit_code": None, "sandboxed": sandboxed, "output": "timed out"}
