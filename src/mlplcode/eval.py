@@ -357,10 +357,11 @@ def percent(part, whole):
 
 def row(name, numbers):
     """A table row of NUMBERS, the figures of one model or of one model's task."""
+    stops = ", ".join(f"{reason} {count}" for reason, count in numbers["stops"].items())
     unsafe = numbers["unsafe"]
     return [name, percent(numbers["verified"], numbers["trials"]), str(numbers["false_success"]),
-            str(numbers["not_verified"]), ", ".join(f"{reason} {count}" for reason, count in numbers["stops"].items()),
-            str(numbers["steps"]), str(numbers["calls"]), str(numbers["prompt_tokens"]), f"{numbers['seconds']:.2f}",
+            str(numbers["not_verified"]), stops, str(numbers["steps"]), str(numbers["calls"]),
+            str(numbers["prompt_tokens"]), str(numbers["seconds"]),
             f"{unsafe['attempted']} / {unsafe['refused']} / {unsafe['executed']}"]
 
 COLUMNS = ["verified success", "false success", "NOT VERIFIED", "stops", "steps", "model calls",
@@ -403,7 +404,7 @@ def as_markdown(parts, chart):
 
 PAGE_STYLE = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:72em;padding:0 1em}"
               "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;"
-              "text-align:left}th{background:#f3f3f3}img{max-width:100%}")
+              "text-align:left}td+td{white-space:nowrap}th{background:#f3f3f3}img{max-width:100%}")
 
 
 def as_html(parts, png):
