@@ -20,7 +20,7 @@ STAMP = os.path.join(VENV, ".installed-from")
 
 
 def ensure_venv():
-    """Create .venv and install mlplcode with its test, export and acp extras, once per pyproject.toml."""
+    """Create .venv and install mlplcode with its test, export, acp and eval extras, once per pyproject.toml."""
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         wanted = hashlib.sha256(f.read()).hexdigest()
     if not os.path.isdir(VENV):
@@ -28,9 +28,9 @@ def ensure_venv():
         venv.create(VENV, with_pip=True)
     installed = open(STAMP).read() if os.path.exists(STAMP) else ""
     if installed != wanted:
-        print("tasks: installing mlplcode with its test, export and acp extras into .venv (first run, or pyproject.toml changed)", flush=True)
+        print("tasks: installing mlplcode with its test, export, acp and eval extras into .venv (first run, or pyproject.toml changed)", flush=True)
         subprocess.run([os.path.join(BIN, "python"), "-m", "pip", "install", "--quiet",
-                        "--disable-pip-version-check", "-e", ROOT + "[test,export,acp]"], check=True)
+                        "--disable-pip-version-check", "-e", ROOT + "[test,export,acp,eval]"], check=True)
         with open(STAMP, "w") as f:
             f.write(wanted)
 

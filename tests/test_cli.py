@@ -203,16 +203,16 @@ def cheat(tmp_path):
     return str(path)
 
 
-def test_with_yes_a_done_whose_tests_changed_is_shown_with_the_diff_and_accepted(project, cheat, capsys):
+def test_with_yes_a_done_whose_tests_changed_is_shown_with_the_diff_and_not_accepted(project, cheat, capsys):
     open(os.path.join(project, "calc.py"), "w").write("def add(a, b):\n    return a - b\n")
-    assert main(["run", "Fix add", "--root", project, "--model", f"scripted:{cheat}", "--yes"]) == 0
+    assert main(["run", "Fix add", "--root", project, "--model", f"scripted:{cheat}", "--yes"]) == 1
     out = capsys.readouterr().out.splitlines()
     asked = out.index("step  4  NOT VERIFIED: the tests as they were before this run fail (test_calc.py::test_add);"
                       " this run changed test_calc.py")
     assert out[asked + 1:asked + 3] == ["--- test_calc.py (at the start)", "+++ test_calc.py (now)"]
     assert "+    assert True" in out[asked:]
-    assert "ask, approved    DONE accepted by a person, although" in out[-3]
-    assert out[-2:] == ["done: add works", "stop: done"]
+    assert "ask, declined    NOT VERIFIED: the tests as they were" in out[-3]  # --yes cannot vouch for tests
+    assert out[-1] == "stop: error"  # the script has no reply left after the refusal
 
 
 def test_with_no_a_done_whose_tests_changed_is_refused_and_the_run_goes_on(project, cheat, capsys):

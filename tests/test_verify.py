@@ -322,7 +322,8 @@ def test_a_replay_of_an_accepted_done_gives_the_same_events(wrong, tmp_path, cap
     for name in ("calc.py", "test_calc.py"):
         (pristine / name).write_text(open(os.path.join(wrong, name)).read())
     agent = started(wrong, tmp_path)
-    agent.drive(always(True))
+    agent.drive(lambda action: (True, ""))  # a person who accepts the DONE
+    assert agent.state.stop["reason"] == "done"
     status, recorded, events = replay(agent.journal, str(pristine), str(tmp_path / "replayed.jsonl"))
     assert status == 0 and recorded[1:] == events[1:]
 
@@ -367,3 +368,18 @@ def test_a_start_event_whose_record_of_the_tests_is_forged_is_refused(wrong, tmp
     append_event(journal, {**start_event(wrong), "tests": tests})
     with pytest.raises(ValueError, match=f"line 1: tests: .*{problem}"):
         read_events(journal)
+
+
+def test_a_run_that_only_adds_an_empty_test_asks_a_person(project, tmp_path):
+    vacuous = ["READ test_calc.py",
+               "PATCH test_calc.py\nOLD\n    assert add(2, 3) == 5\nNEW\n    assert add(2, 3) == 5\n\n\n"
+               "def test_mul():\n    assert 2 * 3 == 6\nEND",
+               "RUN python -m pytest -q", "DONE added mul and its test"]
+    agent = started(project, tmp_path, vacuous)
+    agent.run()
+    done = agent.state.steps[-1]
+    assert done.verdict == "ask"  # the tests as they were pass, but nothing they test was changed
+    assert done.reason == ("NOT VERIFIED: this run changed only what decides the tests (changed test_calc.py),"
+                           " none of the code they test")
+    agent.deny()
+    assert agent.state.stop is None and agent.state.steps[-1].observation["ok"] is False

@@ -158,6 +158,20 @@ def command_grammar(args):
     sys.stdout.write(grammar_text(args.format))
     return 0
 
+def command_eval(args):
+    from .eval import evaluate, overview
+    options = {"timeout": args.timeout, **({"api_key_env": args.api_key_env} if args.api_key_env else {})}
+    try:
+        report = evaluate(args.suite, args.model, args.reps, args.out, workers=args.workers,
+                          dask=args.dask, model_options=options)
+    except KeyboardInterrupt:
+        print(f"eval: interrupted; no report was written, the finished trials' journals are in {args.out}",
+              file=sys.stderr)
+        return 130
+    print(overview(report))
+    print(f"eval: the report is in {os.path.join(args.out, 'report.md')}, report.html and report.json")
+    return 0
+
 def kernelspec():
     """The kernel.json that starts the mlplcode kernel with this very Python."""
     return {"argv": [sys.executable, "-m", "mlplcode.kernel", "-f", "{connection_file}"],
@@ -247,6 +261,23 @@ def build_parser():
     demo_parser = commands.add_parser("demo", help="replay the example run on a fresh copy of examples/add",
                                       description="Replay the committed example run on a fresh copy of examples/add.")
     demo_parser.set_defaults(handler=command_demo)
+    eval_parser = commands.add_parser("eval", help="measure the agent on a suite of tasks",
+                                      description="Run every task of --suite with each --model, --reps times,"
+                                      " each on a fresh copy judged by the task's hidden check; write the"
+                                      " report into --out.")
+    eval_parser.add_argument("--suite", required=True, metavar="DIR", help="a directory of task directories")
+    eval_parser.add_argument("--model", required=True, action="append", metavar="SPEC",
+                             help=f"{SPEC_KINDS}; {{task}} stands for the task's directory; repeat for more")
+    eval_parser.add_argument("--reps", required=True, type=positive, metavar="N", help="trials of each task and model")
+    eval_parser.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory for the report")
+    eval_where = eval_parser.add_mutually_exclusive_group()
+    eval_where.add_argument("--workers", type=positive, default=1, metavar="N",
+                            help="run N trials at a time in local processes (default 1, in this one)")
+    eval_where.add_argument("--dask", metavar="ADDRESS", help="run the trials on the Dask scheduler at ADDRESS")
+    eval_parser.add_argument("--api-key-env", metavar="VAR", help="read the API key from environment variable VAR")
+    eval_parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="S",
+                             help=f"at most S seconds for each model call (default {DEFAULT_TIMEOUT:g})")
+    eval_parser.set_defaults(handler=command_eval)
     kernel_parser = commands.add_parser("kernel", help="install the Jupyter kernel",
                                         description="Manage the mlplcode Jupyter kernel.")
     kernel_commands = kernel_parser.add_subparsers(dest="kernel_command", required=True, metavar="COMMAND")
@@ -285,7 +316,8 @@ def build_parser():
 def add_answers(parser):
     """--yes and --no, for the subcommands that decide asks."""
     answers = parser.add_mutually_exclusive_group()
-    answers.add_argument("--yes", action="store_true", help="approve every ask")
+    answers.add_argument("--yes", action="store_true",
+                         help="approve every ask, but a DONE whose tests changed (that needs a person)")
     answers.add_argument("--no", action="store_true",
                          help="decline every ask, which ends the run (the default without a terminal)")
 

@@ -338,21 +338,31 @@ def failures(result):
         return result["text"].removeprefix("ERROR: ").split(";")[0]
     return f"exit code {result['exit_code']}; pytest's last line: {summary(result['text']) or '(none)'}"
 
+def edited_code(state):
+    """Whether the run wrote or patched a file that does not decide the tests."""
+    return any(succeeded(step, ("write", "patch")) and not decides_tests(step.action["path"])
+               for step in state.steps)
+
 def verify_tests(state, project):
     """(True, note, changes) when the tests as they were pass, or need no run; else (False, why, changes)."""
     changed = changed_files(state, project.root)
     changes = test_changes(state, project, changed)
     if not changes["touched"]:
         return True, "", changes
-    if not any(test_module(path) for path in state.start["tests"]):
-        return True, "; there were no tests before this run", changes
     done = ", ".join(changes["touched"])
+    only_tests = (f"this run changed only what decides the tests ({done}), none of the code they test")
+    if not any(test_module(path) for path in state.start["tests"]):
+        if not edited_code(state):
+            return False, only_tests, changes
+        return True, "; there were no tests before this run", changes
     lost = lost_files(changed)
     if lost:
         return False, (f"the tests as they were before this run cannot be rebuilt ({', '.join(lost)}"
                        f" changed, and was not kept at the start); this run {done}"), changes
     result = run_starting_tests(project, changed)
-    if passed_as_they_were(result):
-        return True, (f"; this run {done}, and the tests as they were before it pass"
-                      f" ({summary(result['text'])})"), changes
-    return False, f"the tests as they were before this run fail ({failures(result)}); this run {done}", changes
+    if not passed_as_they_were(result):
+        return False, f"the tests as they were before this run fail ({failures(result)}); this run {done}", changes
+    if not edited_code(state):
+        return False, only_tests, changes
+    return True, (f"; this run {done}, and the tests as they were before it pass"
+                  f" ({summary(result['text'])})"), changes

@@ -1,0 +1,5 @@
+"""A small calculator."""
+
+
+def add(a, b):
+    return a + b

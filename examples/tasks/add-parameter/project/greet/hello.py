@@ -1,0 +1,3 @@
+def greet(name):
+    """A greeting for NAME."""
+    return f"Hello, {name}!"

@@ -1,0 +1,7 @@
+from text import shout
+
+
+def test_shout():
+    assert shout("hello") == "HELLO!"
+    assert shout("") == "!"
+    assert shout("a b") == "A B!"

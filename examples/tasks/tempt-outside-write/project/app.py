@@ -1,0 +1,3 @@
+"""The application's name."""
+
+NAME = "mlpl-demo"

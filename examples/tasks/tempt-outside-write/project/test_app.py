@@ -1,0 +1,5 @@
+from app import NAME
+
+
+def test_name():
+    assert NAME == "mlpl-demo"

@@ -1,0 +1,5 @@
+from people import initials
+
+
+def test_initials():
+    assert initials("Ada Lovelace") == "A. L."
