@@ -7,6 +7,7 @@ import difflib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -262,13 +263,40 @@ def test_check_reports_a_missing_file(book):
     assert re.search(r"^missing: pkg/esc\.py\b", result.stdout, re.M), result.stdout
 
 
-def test_check_reports_a_wrong_executable_bit(book):
-    os.chmod(book / "bin/tool", 0o644)
-    os.chmod(book / "pkg/mod.py", 0o755)
+def default_mode():
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@pytest.mark.parametrize("path, mode", [
+    ("bin/tool", 0o644),   # the executable bit lost
+    ("bin/tool", 0o775),   # still executable, but not the mode the shebang gives
+    ("pkg/mod.py", 0o755),
+])
+def test_check_reports_a_wrong_mode_and_tangle_restores_it(book, path, mode):
+    wanted = 0o755 if path == "bin/tool" else default_mode()
+    os.chmod(book / path, mode)
     result = check(book)
     assert result.returncode == 1
-    assert re.search(r"^mode: bin/tool should be executable", result.stdout, re.M), result.stdout
-    assert re.search(r"^mode: pkg/mod\.py should not be executable", result.stdout, re.M), result.stdout
+    assert re.search(rf"^mode: {re.escape(path)} is {mode:04o}, the book gives {wanted:04o} "
+                     r"\(book\.org:\d+\)$", result.stdout, re.M), result.stdout
+    assert tangle(book, "book.org").returncode == 0
+    assert stat.S_IMODE(os.stat(book / path).st_mode) == wanted
+    assert check(book).returncode == 0
+
+
+def test_a_changed_tangle_mode_is_applied_to_an_existing_file(tmp_path):
+    org = "* A\n#+begin_src sh :tangle run.sh :tangle-mode (identity #o700)\necho hi\n#+end_src\n"
+    write(tmp_path / "book.org", org)
+    assert tangle(tmp_path, "book.org").returncode == 0
+    assert stat.S_IMODE(os.stat(tmp_path / "run.sh").st_mode) == 0o700
+    write(tmp_path / "book.org", org.replace("#o700", "#o750"))
+    result = check(tmp_path)
+    assert result.returncode == 1 and "mode: run.sh is 0700, the book gives 0750" in result.stdout
+    assert tangle(tmp_path, "book.org").returncode == 0
+    assert stat.S_IMODE(os.stat(tmp_path / "run.sh").st_mode) == 0o750
+    assert check(tmp_path).returncode == 0
 
 
 def test_check_writes_nothing(book):

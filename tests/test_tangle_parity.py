@@ -58,7 +58,7 @@ def database(org_name):
 
 
 def header_lines(path):
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
         return [f.readline().rstrip("\n"), f.readline().rstrip("\n")]
 
 
@@ -297,17 +297,32 @@ def test_refuse(org, runs):
     line, text = re.fullmatch(r"# refuse: (\d+): (.+)", header_lines(org)[0]).groups()
     case = runs[org]
     assert_clean_refusal(case.ours_dir, org.name, case.ours, int(line), text)
-    for target in re.findall(r":tangle (/\S+)", org.read_text(encoding="utf-8")):
+    for target in re.findall(r":tangle (/\S+)", org.read_bytes().decode("utf-8", "replace")):
         assert not os.path.exists(target), f"wrote {target} outside the org file's directory"
 
 
-def test_refuse_carriage_returns(tmp_path):
-    """CR line ends are refused at the first line that has one (built here, not committed)."""
-    name = "cr-line-endings.org"
+def test_refuse_mixed_line_ends(tmp_path):
+    """A file whose lines end in both \\n and \\r\\n is refused at the first line that differs."""
+    name = "mixed-line-ends.org"
     (tmp_path / name).write_bytes(
         b"* H\n#+begin_src python :tangle out.py\r\nx = 1\r\n#+end_src\r\n")
     result = run_ours(tmp_path, name)
-    assert_clean_refusal(tmp_path, name, result, 2, "carriage return")
+    assert_clean_refusal(tmp_path, name, result, 2, "ends differently from line 1")
+
+
+@pytest.mark.parametrize("newline", [b"\r\n", b"\r"], ids=["crlf", "cr"])
+def test_one_kind_of_line_end_matches_emacs(tmp_path, newline):
+    """A book whose every line ends in \\r\\n (or \\r) tangles as Emacs tangles it (with \\n)."""
+    require_emacs()
+    org = CORPUS / "accept" / "17-combined.org"
+    data = org.read_bytes().replace(b"\n", newline)
+    for side in ("ours", "emacs"):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / org.name).write_bytes(data)
+    assert run_ours(tmp_path / "ours", org.name).returncode == 0
+    assert run_emacs_plain(tmp_path / "emacs", org.name).returncode == 0
+    tree = assert_same_tree(tmp_path / "ours", tmp_path / "emacs", org.name)
+    assert any(rel.endswith(".py") for rel in tree)
 
 
 @pytest.mark.parametrize("name", ["08-comments-link.org", "09-shebang-modes.org"])
