@@ -231,9 +231,7 @@ def read_property_drawer(path, lines, i, properties):
     raise Refusal(path, i + 1, "property drawer without :END:")
 
 def check_header_args_property(path, number, key, value):
-    """Refuse a header-args property that is not in lower case or has no value."""
-    if key != key.lower():
-        raise Refusal(path, number, f"write {key.lower()} in lower case")
+    """Refuse a header-args property without a value."""
     if not value:
         raise Refusal(path, number, f"{key} without a value (Org versions treat it differently)")
 
@@ -526,7 +524,7 @@ def inherited_property(doc, heading, name):
     way up are appended after it.
     """
     pieces = []
-    for properties in property_levels(doc, heading):
+    for properties in property_levels(doc, heading, name):
         base = [p for p in properties if p[1].lower() == name]
         if len(base) > 1:
             raise Refusal(doc.path, base[1][0], f"{name} set twice in one drawer")
@@ -537,11 +535,17 @@ def inherited_property(doc, heading, name):
             return pieces
     return keyword_property(doc, name) + pieces
 
-def property_levels(doc, heading):
-    """The property drawers that inheritance visits from HEADING: its own, its ancestors', the file's."""
+def property_levels(doc, heading, name):
+    """The property drawers that inheritance of NAME visits from HEADING: its own, its ancestors', the file's."""
+    top = None
     while heading:
         yield heading.properties
-        heading = heading.parent
+        top, heading = heading, heading.parent
+    if top and top.level > 1:
+        if any(key.lower() in (name, name + "+") for _, key, _ in doc.file_properties):
+            raise Refusal(doc.path, top.line, f"Org 9.5 skips the file's {name} for a heading "
+                          "with no level-1 heading above it; add one")
+        return
     yield doc.file_properties
 
 def keyword_property(doc, name):
@@ -836,12 +840,18 @@ def link_comment(book, i, target):
     if re.search(r"[][\\\n]", search) or "//" in search or "/~" in search or {".", ".."} & set(search.split("/")):
         raise Refusal(book.doc.path, block.line, f":comments link: Org would escape the link to {search!r}")
     org = os.path.relpath(book.doc.path, os.path.join(os.path.dirname(book.doc.path), os.path.dirname(target)))
-    start = COMMENT_STARTS[block.language]
-    return f"{start}[[file:{org}::{search}][{name}]]", f"{start}{name} ends here"
+    return (comment_line(block.language, f"[[file:{org}::{search}][{name}]]"),
+            comment_line(block.language, f"{name} ends here"))
+
+def comment_line(language, text):
+    """TEXT commented out as Emacs's comment-region does it for LANGUAGE."""
+    indent = text[: len(text) - len(text.lstrip(" \t"))]
+    return indent + COMMENT_STARTS[language] + text[len(indent):]
 
 def link_heading(title):
-    """The search text Org makes of a heading's title: cookies blanked, blanks squeezed, ends trimmed."""
-    text = re.sub(r"\[[0-9]*(?:%|/[0-9]*)\]", " ", title)
+    """The search text Org makes of a heading's title: a leading COMMENT dropped, cookies
+    blanked, blanks squeezed, ends trimmed."""
+    text = re.sub(r"\[[0-9]*(?:%|/[0-9]*)\]", " ", re.sub(r"^COMMENT[ \t]+", "", title))
     return re.sub(r"[ \t]+", " ", text).strip(" \t\n\r")
 
 def tangle_book(book):

@@ -126,23 +126,27 @@ def run_emacs_batch(org_paths, scratch):
     """Tangle each org file (absolute paths, one per directory) in one Emacs.
 
     Returns {path: Result}; an Emacs error in one file does not stop the others.
+    Some inputs make batch Emacs exit (a prompt that reads the closed stdin):
+    that file counts as failed, and a new Emacs tangles the files after it.
     """
     script = scratch / "tangle-all.el"
     script.write_text(EMACS_BATCH, encoding="utf-8")
-    proc = subprocess.run(
-        [EMACS, "--batch", "-Q", *EMACS_REQUIRES, "-l", str(script), *map(str, org_paths)],
-        cwd=scratch, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        timeout=TIMEOUT,
-    )
-    status = {}
-    for line in proc.stdout.splitlines():
-        word, _, rest = line.partition("\t")
-        if word in ("OK", "ERROR"):
-            file, _, error = rest.partition("\t")
-            status[file] = Result(0 if word == "OK" else 255, "", error)
-    missing = [p for p in org_paths if str(p) not in status]
-    assert not missing, (f"batch Emacs exited {proc.returncode} without tangling {missing}\n"
-                         f"{proc.stderr[-3000:]}")
+    status, remaining = {}, [str(p) for p in org_paths]
+    while remaining:
+        proc = subprocess.run(
+            [EMACS, "--batch", "-Q", *EMACS_REQUIRES, "-l", str(script), *remaining],
+            cwd=scratch, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=TIMEOUT,
+        )
+        for line in proc.stdout.splitlines():
+            word, _, rest = line.partition("\t")
+            if word in ("OK", "ERROR"):
+                file, _, error = rest.partition("\t")
+                status[file] = Result(0 if word == "OK" else 255, "", error)
+        remaining = [p for p in remaining if p not in status]
+        if remaining:
+            status[remaining.pop(0)] = Result(255, "", "Emacs exited while tangling it: "
+                                              + proc.stderr[-300:])
     return {Path(p): status[str(p)] for p in org_paths}
 
 
