@@ -26,7 +26,7 @@ import pytest
 from test_tangle_parity import (Result, describe_difference, require_emacs, run_emacs_batch,
                                 run_ours, snapshot)
 
-FUZZ_COUNT = int(os.environ.get("MLPLCODE_FUZZ_COUNT", "150"))
+FUZZ_COUNT = int(os.environ.get("MLPLCODE_FUZZ_COUNT", "120"))
 FUZZ_SEED = int(os.environ.get("MLPLCODE_FUZZ_SEED", "20241201"))
 ORG_NAME = "fuzz.org"
 
@@ -97,6 +97,8 @@ def heading(rng, book, level):
         line += rng.choice([" ", "\t", "\u2003", "\u00a0"])
         book.features.add("heading-unicode-cookie-percent")
     book.add(line)
+    if rng.random() < 0.05:
+        book.add(rng.choice(["SCHEDULED: <2024-01-01 Mon>", "CLOSED: [2024-01-02 Tue]"]))
     if rng.random() < 0.35:
         drawer(rng, book, heading_level=True)
 
@@ -109,6 +111,8 @@ def target(rng):
 def header_args(rng, book):
     """A header-args value for properties: a few safe keys."""
     pieces = []
+    if rng.random() < 0.1:
+        pieces.append(":noweb-ref " + rng.choice(["part", "other"]))
     if rng.random() < 0.7:
         pieces.append(f":tangle{blank(rng)}{target(rng)}")
     if rng.random() < 0.5:
@@ -155,19 +159,29 @@ def keyword_property(rng, book):
 
 
 def body(rng, book, indent):
+    """A block's lines: code, noweb references, escapes, blank and indented lines."""
     lines = []
-    for n in range(rng.randint(1, 3)):
+    extra = rng.choice(["", "", "", "", "  ", "    "] * 5 + ["\t"])
+    for n in range(rng.randint(1, 4)):
         r = rng.random()
         if r < 0.15 and book.names:
-            lines.append(f"{rng.choice(['', '    ', 'x = '] if n else ['', 'x = '])}<<{rng.choice(book.names)}>>")
+            reference = rng.choice(book.names + ["part", "other", "missing"][: 2 + (rng.random() < 0.1)])
+            lines.append(f"{rng.choice(['', '    ', 'x = '] if n else ['', 'x = '])}<<{reference}>>"
+                         + rng.choice(["", "", "  # after"]))
             book.features.add("noweb")
         elif r < 0.2:
             lines.append(",* escaped star")
         elif r < 0.21:
             lines.append(rng.choice(["#+end_src but not the end", "#+begin_src inner", ":END:"]))
+        elif r < 0.26 and n:
+            lines.append(rng.choice(["", "", "  "]))
+        elif r < 0.3 and n:
+            lines.append(f"    nested_{n} = True")
         else:
             lines.append(f"v{n} = {rng.randint(0, 99)}  # {rng.choice(WORDS)}")
-    return [indent + line for line in lines]
+    if not lines[-1].strip():
+        lines.append("end = True")
+    return [indent + extra + line if line else line for line in lines]
 
 
 def begin_line(rng, book, language):
@@ -186,13 +200,17 @@ def begin_line(rng, book, language):
         args.append(":tangle-mode (identity #o" + rng.choice(["700", "750", "644", "755", "0640"]) + ")")
         book.features.add("modes")
     if rng.random() < 0.08:
-        args.append(':shebang "#!/bin/sh"')
+        args.append(rng.choice([':shebang "#!/bin/sh"', ':shebang "#!/usr/bin/env python3"', ':shebang ""']))
         book.features.add("modes")
     if rng.random() < 0.1:
         args.append(":noweb-ref " + rng.choice(["part", "other"]))
+        if rng.random() < 0.3:
+            args.append(':noweb-sep "' + rng.choice(["\\n# sep\\n", "", "\\n\\n"]) + '"')
+    if rng.random() < 0.005:
+        args.insert(0, rng.choice(["-n", "-i", "-r"]))
     if rng.random() < 0.08:
         args += [":tangle no", ":var n=1"]
-    after_begin = rng.choice([" ", " ", " ", "  "]) if rng.random() < 0.98 else rng.choice(["\t", "\u00a0"])
+    after_begin = rng.choice([" ", " ", " ", "  "]) if rng.random() < 0.99 else rng.choice(["\t", "\u00a0"])
     after_language = blank(rng)
     if rng.random() < 0.05:
         book.features.add("case")
@@ -260,11 +278,14 @@ def generate(rng):
     if rng.random() < 0.15:
         book.add("# a comment", ":PROPERTIES:", f":header-args:python: {header_args(rng, book)}", ":END:",
                  feature="file-drawer")
-    book.add("#+TITLE: fuzz")
+    if book.lines or rng.random() < 0.95:
+        book.add("#+TITLE: fuzz")
     for _ in range(rng.randint(0, 2)):
         keyword_property(rng, book)
-    for n in range(rng.randint(1, 4)):
-        heading(rng, book, 1 if n == 0 or rng.random() < 0.6 else 2)
+    if rng.random() < 0.15:
+        element(rng, book)
+    for n in range(rng.randint(1, 5)):
+        heading(rng, book, 1 if n == 0 or rng.random() < 0.5 else rng.randint(2, 3))
         for _ in range(rng.randint(1, 3)):
             element(rng, book)
     text = "\n".join(book.lines) + "\n"
@@ -374,8 +395,8 @@ FEATURES = ["whitespace-begin", "whitespace-keyword", "whitespace-drawer", "case
 def test_the_fuzzer_exercises_every_class_and_tangles_most_books(cases):
     """Each class of construct appears in books that our tangler accepts, not only in refused ones."""
     accepted = [case for case in cases if case.ours.returncode == 0]
-    assert len(accepted) >= len(cases) * 0.4, f"only {len(accepted)} of {len(cases)} books tangled"
+    assert len(accepted) >= len(cases) / 3, f"only {len(accepted)} of {len(cases)} books tangled"
     assert sum(1 for case in accepted if any(p.is_file() and p.name != ORG_NAME and not p.name.startswith(".")
-                                            for p in case.ours_dir.rglob("*"))) >= len(cases) * 0.3
+                                            for p in case.ours_dir.rglob("*"))) >= len(cases) / 4
     for feature in FEATURES:
         assert any(feature in case.features for case in accepted), f"no accepted book has {feature}"
