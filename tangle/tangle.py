@@ -1120,36 +1120,72 @@ def what_is(line):
     return "a line the tangler adds (shebang, comment or :noweb-sep)"
 
 def map_edit(book, out, old, new, opcode):
-    """Map one differing stretch of a tangled file to (block, k1, k2, new lines)."""
+    """Map one differing stretch of a tangled file to edits (block, k1, k2, new lines)."""
     _, i1, i2, j1, j2 = opcode
-    refuse = lambda reason: Refusal(out.path, i1 + 1, reason)
-    if i1 < i2:
-        spots = [spot(out.lines[i]) for i in range(i1, i2)]
-        for i, s in zip(range(i1, i2), spots):
-            if s is None:
-                raise Refusal(out.path, i + 1, f"the change touches {what_is(out.lines[i])}")
-        if any(s.block != spots[0].block or s.prefix != spots[0].prefix for s in spots) or [
-            s.k for s in spots] != list(range(spots[0].k, spots[0].k + len(spots))):
-            raise refuse(f"the change spans more than one block "
-                         f"({book.doc.path}:{origin(out.lines[i1])} to :{origin(out.lines[i2 - 1])})")
-        target, k1, k2 = spots[0], spots[0].k, spots[-1].k + 1
-    else:
-        while i1 > 0 and spot(out.lines[i1 - 1]) is None and new[j2 - 1] == old[i1 - 1]:
-            i1, j1, j2 = i1 - 1, j1 - 1, j2 - 1
-        above = spot(out.lines[i1 - 1]) if i1 > 0 else None
-        below = spot(out.lines[i1]) if i1 < len(old) else None
-        if above and below and (above.block, above.k + 1, above.prefix) != (below.block, below.k, below.prefix):
-            raise refuse("lines added between two blocks: it is not clear which block they belong to")
-        target = above or below
-        if target is None:
-            raise refuse("lines added where no block is next to them")
-        k1 = k2 = above.k + 1 if above else below.k
+    if i1 == i2:
+        return [map_insertion(book, out, old, new, i1, j1, j2)]
+    if j1 == j2:
+        check_not_emptied(book, out, i1, i2)
+    for i in range(i1, i2):
+        if spot(out.lines[i]) is None:
+            raise Refusal(out.path, i + 1, f"the change touches {what_is(out.lines[i])}")
+    runs = block_runs(out, i1, i2)
+    if len(runs) == 1:
+        return [edit(book, out, runs[0], j1, new[j1:j2])]
+    if j2 - j1 not in (0, i2 - i1):
+        raise Refusal(out.path, i1 + 1, "the change spans more than one block and adds or removes "
+                      f"lines ({book.doc.path}:{origin(out.lines[i1])} to :{origin(out.lines[i2 - 1])}); "
+                      "edit one block at a time")
+    line_for_line = j2 > j1
+    return [edit(book, out, run, j1 + run[0] - i1,
+                 new[j1 + run[0] - i1 : j1 + run[-1] + 1 - i1] if line_for_line else [])
+            for run in runs]
+
+def block_runs(out, i1, i2):
+    """Lines I1..I2 of OUT cut into runs of consecutive lines of one block each (as line index lists)."""
+    runs = []
+    for i in range(i1, i2):
+        here, before = spot(out.lines[i]), spot(out.lines[i - 1]) if runs else None
+        if before and (here.block, here.k, here.prefix) == (before.block, before.k + 1, before.prefix):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+def check_not_emptied(book, out, i1, i2):
+    """Refuse deleting lines I1..I2 of OUT when that deletes every line of a block."""
+    for b in {s.block for i in range(i1, i2) if (s := spot(out.lines[i]))}:
+        lines = [i for i, line in enumerate(out.lines) if any(p.kind == "code" and p.block == b for p in line)]
+        if all(i1 <= i < i2 for i in lines):
+            raise Refusal(out.path, lines[0] + 1, "the change deletes every line of the block at "
+                          f"{book.doc.path}:{book.doc.blocks[b].line}; delete the block in the book instead")
+
+def map_insertion(book, out, old, new, i1, j1, j2):
+    """Map lines NEW[J1:J2] inserted before line I1 of OUT to one edit."""
+    while i1 > 0 and spot(out.lines[i1 - 1]) is None and new[j2 - 1] == old[i1 - 1]:
+        i1, j1, j2 = i1 - 1, j1 - 1, j2 - 1
+    above = spot(out.lines[i1 - 1]) if i1 > 0 else None
+    below = spot(out.lines[i1]) if i1 < len(old) else None
+    if above and below and (above.block, above.k + 1, above.prefix) != (below.block, below.k, below.prefix):
+        raise Refusal(out.path, i1 + 1, "lines added between two blocks: it is not clear which block they belong to")
+    if not (above or below):
+        raise Refusal(out.path, i1 + 1, "lines added where no block is next to them")
+    target = above or below
+    k = above.k + 1 if above else below.k
+    return check_edit(book, out, target, i1, j1, new[j1:j2], k, k)
+
+def edit(book, out, run, j1, lines):
+    """The edit that replaces the block lines of RUN (line indexes of OUT) with LINES (from line J1)."""
+    first, last = spot(out.lines[run[0]]), spot(out.lines[run[-1]])
+    return check_edit(book, out, first, run[0], j1, lines, first.k, last.k + 1)
+
+def check_edit(book, out, target, i, j1, lines, k1, k2):
+    """The edit (block, k1, k2, lines without their prefix) for TARGET's lines K1..K2, or a refusal."""
     uses = book.uses[target.block]
     if uses > 1:
         name = book.doc.blocks[target.block].name or "a :noweb-ref block"
-        raise refuse(f"the change is inside {name}, which is expanded in {uses} places")
-    lines = new[j1:j2]
-    for j, line in zip(range(j1, j2), lines):
+        raise Refusal(out.path, i + 1, f"the change is inside {name}, which is expanded in {uses} places")
+    for j, line in enumerate(lines, j1):
         if not line.startswith(target.prefix):
             raise Refusal(out.path, j + 1, f"the line must start with the noweb prefix {target.prefix!r}")
     return target.block, k1, k2, [line[len(target.prefix):] for line in lines]
@@ -1196,7 +1232,7 @@ def detangle(path):
         old = [line_text(line) for line in out.lines]
         new = text[:-1].split("\n")
         matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
-        edits += [map_edit(book, out, old, new, op) for op in matcher.get_opcodes() if op[0] != "equal"]
+        edits += [e for op in matcher.get_opcodes() if op[0] != "equal" for e in map_edit(book, out, old, new, op)]
         edited.append(out.path)
         expected[out.path] = text
     if not edits:
