@@ -90,6 +90,8 @@ def read_org(path, data=None):
 
 def line_end(path, text):
     """The one line end that TEXT uses, as Emacs detects it; refuse a mix."""
+    if "\r" not in text:
+        return "\n"
     ends = re.finditer(r"\r\n|\r|\n", text)
     first = next(ends, None)
     if first is None:
@@ -119,6 +121,13 @@ BEGIN_RAW = re.compile(rf"[ \t]*#\+begin_(example|export|comment|verse)(?![^{EMA
 BEGIN_LATEX = re.compile(r"[ \t]*\\begin\{([A-Za-z0-9*]+)\}", re.I)
 KEYWORD = re.compile(r"[ \t]*#\+([^ \t]*):[ \t]*(.*)")
 PROPERTY_LINE = re.compile(r"[ \t]*:([^ \t]+):(?:([ \t]+)(.*?))?[ \t]*")
+PROPERTIES_START = re.compile(r"[ \t]*:PROPERTIES:[ \t]*", re.I)
+DRAWER_END = re.compile(r"[ \t]*:END:[ \t]*", re.I)
+NAME_LINE = re.compile(r"[ \t]*#\+name:[ \t]*(.*?)[ \t]*$", re.I)
+
+def starts_with(line, characters):
+    """Whether LINE, after its spaces and tabs, starts with one of CHARACTERS."""
+    return line.lstrip(" \t")[:1] in characters
 
 AFFILIATED = re.compile(
     r"[ \t]*#\+(?:(CAPTION|RESULTS)(?:\[.*\])?|(DATA|HEADERS?|LABEL|NAME|PLOT|RESNAME|RESULT"
@@ -160,6 +169,9 @@ def parse_document(path, data=None):
     i = read_file_drawer(doc)
     while i < len(lines):
         line, number = lines[i], i + 1
+        if not line or not starts_with(line, "*#:\\"):
+            i += 1
+            continue
         open_ends = [end for end in open_ends if end > i]
         limit = min(open_ends, default=None)
         if HEADING.match(line):
@@ -180,7 +192,7 @@ def parse_document(path, data=None):
                 open_ends.append(end)
             if m := KEYWORD.fullmatch(line):
                 check_keyword(doc, number, m.group(1).lower(), m.group(2).strip(" \t"))
-            elif re.fullmatch(r"[ \t]*:PROPERTIES:[ \t]*", line, re.I):
+            elif PROPERTIES_START.fullmatch(line):
                 raise Refusal(path, number, "Org reads a property drawer only right under a "
                               "heading or at the very top of the file (after # comment lines)")
             i += 1
@@ -210,10 +222,10 @@ def after_planning(lines, i):
 
 def read_property_drawer(path, lines, i, properties):
     """Collect the :PROPERTIES: drawer at line index I into PROPERTIES; return the next index."""
-    if i >= len(lines) or not re.fullmatch(r"[ \t]*:PROPERTIES:[ \t]*", lines[i], re.I):
+    if i >= len(lines) or not PROPERTIES_START.fullmatch(lines[i]):
         return i
     for j in range(i + 1, len(lines)):
-        if re.fullmatch(r"[ \t]*:END:[ \t]*", lines[j], re.I):
+        if DRAWER_END.fullmatch(lines[j]):
             return j + 1
         if HEADING.match(lines[j]):
             break
@@ -268,7 +280,7 @@ def latex_end(lines, i, name):
 
 def note_hidden_name(doc, j):
     """Remember a #+NAME: line that Emacs's search for named blocks would find where Org sees no block."""
-    if m := re.match(r"[ \t]*#\+name:[ \t]*(.*?)[ \t]*$", doc.lines[j], re.I):
+    if m := NAME_LINE.match(doc.lines[j]):
         doc.hidden_names.setdefault(m.group(1).lower(), j + 1)
 
 def container_end(lines, i):
@@ -279,7 +291,7 @@ def container_end(lines, i):
     elif re.match(r"[ \t]*#\+begin:? ", line, re.I):
         end = re.compile(r"[ \t]*#\+end:?[ \t]*", re.I)
     elif re.fullmatch(r"[ \t]*:[-\w]+:[ \t]*", line):
-        end = re.compile(r"[ \t]*:END:[ \t]*", re.I)
+        end = DRAWER_END
     else:
         return None
     for j in range(i + 1, len(lines)):
@@ -328,11 +340,14 @@ def read_block(doc, i, heading, limit):
     path, lines, number = doc.path, doc.lines, i + 1
     check_blanks(path, number, lines[i])
     for j in range(i + 1, len(lines)):
-        if END_SRC.fullmatch(lines[j]):
-            break
-        if HEADING.match(lines[j]):
+        line = lines[j]
+        if line[:1] == "*" and HEADING.match(line):
             raise Refusal(path, j + 1, "a line starting with '* ' inside a block ends it in Org: escape it as ',* '")
-        if re.match(r"[ \t]*#\+end_src", lines[j], re.I):
+        if not starts_with(line, "#"):
+            continue
+        if END_SRC.fullmatch(line):
+            break
+        if re.match(r"[ \t]*#\+end_src", line, re.I):
             raise Refusal(path, j + 1, "a line starting with #+end_src inside a block: Emacs's "
                           "search for blocks stops there; escape it as ',#+end_src'")
         note_hidden_name(doc, j)
@@ -421,6 +436,11 @@ def balanced_split(text, at_colon=True):
     """Split TEXT as org-babel-balanced-split does: where a blank is followed by ':' (dropping
     both), or with AT_COLON false at each space; never inside "quotes" or balanced brackets.
     Returns (offset, piece) pairs."""
+    if at_colon and not re.search(r'["(\[]', text):
+        # Nothing to balance: cut at each blank and colon, as the walk below would.
+        cuts = [m.start() for m in re.finditer(r"[ \t]:", text)]
+        pieces = zip([0] + [cut + 1 for cut in cuts], [0] + [cut + 2 for cut in cuts], cuts + [len(text)])
+        return [(offset, text[a:b]) for offset, a, b in pieces if b > a]
     parts, partial, start, k = [], [], 0, 0
     while k < len(text):
         ch, before = text[k], text[k - 1] if k else ""
