@@ -240,7 +240,7 @@ def read_property_drawer(path, lines, i, properties):
         if key.lower().startswith("header-args"):
             check_header_args_property(path, j + 1, key, value)
         properties.append((j + 1, key, value or ""))
-    raise Refusal(path, i + 1, "property drawer without :END:")
+    raise Refusal(path, i + 1, "property drawer without :END: (Org reads it as text)")
 
 def check_header_args_property(path, number, key, value):
     """Refuse a header-args property without a value."""
@@ -266,7 +266,7 @@ def skip_raw(doc, i, first, closes, what, limit):
             open_src = None
         else:
             note_hidden_name(doc, j)
-    raise Refusal(doc.path, i + 1, f"{what} without its end")
+    raise Refusal(doc.path, i + 1, f"{what} without its end (Org reads it as text)")
 
 def latex_end(lines, i, name):
     """The pattern that ends the LaTeX environment NAME begun at line index I, or None if Org sees none."""
@@ -307,6 +307,14 @@ def check_within(path, i, j, limit, what):
         raise Refusal(path, i + 1, f"{what} runs past line {limit + 1}, where Org ends the "
                       "element that contains it, so Org does not see it")
 
+OUTSIDE_KEYWORDS = {
+    "setupfile": "pulls in settings from another file",
+    "include": "pulls in text from another file",
+    "todo": "changes the words that headings may start with",
+    "seq_todo": "changes the words that headings may start with",
+    "typ_todo": "changes the words that headings may start with",
+}
+
 def check_keyword(doc, number, key, value):
     """Refuse keywords that change what Emacs tangles; collect #+PROPERTY header-args."""
     if key == "property" and "header-args" in value.lower():
@@ -318,21 +326,24 @@ def check_keyword(doc, number, key, value):
         if name.lower().startswith("header-args"):
             check_header_args_property(doc.path, number, name, rest)
             doc.keyword_properties.append((number, name, rest))
-    elif key in ("setupfile", "include", "todo", "seq_todo", "typ_todo"):
-        raise Refusal(doc.path, number, f"#+{key.upper()} is not supported by this tangler")
+    elif key in OUTSIDE_KEYWORDS:
+        raise Refusal(doc.path, number, f"#+{key.upper()} {OUTSIDE_KEYWORDS[key]}; not supported")
     elif key == "filetags" and "ARCHIVE" in value.split(":"):
-        raise Refusal(doc.path, number, "#+FILETAGS: :ARCHIVE: is not supported")
+        raise Refusal(doc.path, number, "#+FILETAGS: :ARCHIVE: archives the whole file; not supported")
+
+FILE_VARIABLES = ("file-local variables could change how Emacs tangles this file "
+                  "(org-src-preserve-indentation, the noweb syntax); not supported")
 
 def check_file_variables(path, lines):
     """Refuse file-local variables, which could change how Emacs tangles this file."""
     for number, line in enumerate(lines[:2], 1):
         if "-*-" in line and re.search(r"\borg-", line):
-            raise Refusal(path, number, "file-local variables are not supported")
+            raise Refusal(path, number, FILE_VARIABLES)
     tail = len("\n".join(lines)) - 3000
     offset = 0
     for number, line in enumerate(lines, 1):
         if offset >= tail and re.search(r"local variables:", line, re.I):
-            raise Refusal(path, number, "file-local variables are not supported")
+            raise Refusal(path, number, FILE_VARIABLES)
         offset += len(line) + 1
 
 def read_block(doc, i, heading, limit):
@@ -352,7 +363,7 @@ def read_block(doc, i, heading, limit):
                           "search for blocks stops there; escape it as ',#+end_src'")
         note_hidden_name(doc, j)
     else:
-        raise Refusal(path, number, "#+begin_src without #+end_src")
+        raise Refusal(path, number, "#+begin_src without #+end_src (Org reads it as text)")
     check_within(path, i, j, limit, "the block")
     begin = BEGIN_SRC.match(lines[i])
     if not begin.group(1):
@@ -515,8 +526,8 @@ def parse_arguments(pieces):
         where = pieces[bisect.bisect_right(offsets, k) - 1][0]
         arg = part if n == 0 else ":" + part
         if not arg.startswith(":"):
-            raise Refusal(*where, "switches and other text before the header arguments "
-                          f"are not supported: {part.strip()!r}")
+            raise Refusal(*where, "switches and other text before the header arguments are not "
+                          f"supported (Org 9.7 honours -i, 9.5 does not): {part.strip()!r}")
         m = re.search(r"([^ \t]+)[ \t]+([^ \t].*)", arg)
         key, raw = (m.group(1), m.group(2).rstrip(" \t")) if m else (arg.rstrip(" \t"), None)
         parsed[key[1:]] = (read_value(where, key[1:], raw), where)
@@ -621,7 +632,8 @@ def check_parameters(doc, block, params):
         if key == "noweb-prefix":
             raise Refusal(*where, ":noweb-prefix is not known to Org 9.5; not supported")
         if key not in HEADER_KEYS:
-            raise Refusal(*where, f":{key} is not a header argument this tangler knows")
+            raise Refusal(*where, f":{key} is not a header argument this tangler knows "
+                          "(Emacs would ignore a misspelt one without a word)")
         if value is None:
             raise Refusal(*where, f":{key} needs a value (Org versions read a bare key differently)")
     value, where = params.get("noweb", ("no", None))
@@ -644,9 +656,11 @@ def check_tangled(doc, block, params):
         raise Refusal(*where, ":tangle-mode: write (identity #o755); other forms differ between Org versions")
     if comments != "no":
         if block.language not in COMMENT_STARTS:
-            raise Refusal(doc.path, block.line, f":comments link for {block.language!r} blocks is not supported")
+            raise Refusal(doc.path, block.line, f":comments link for {block.language!r} blocks is not "
+                          "supported (Emacs takes the comment syntax from the language's mode)")
         if block.heading is None:
-            raise Refusal(doc.path, block.line, ":comments link needs the block to be under a heading")
+            raise Refusal(doc.path, block.line, ":comments link needs the block to be under a heading "
+                          "(Org links a block above the first one by the text of its line)")
 
 UNESCAPE = re.compile(r"^([ \t]*,*),(\*|#\+)")
 
@@ -672,7 +686,8 @@ def normalize_body(doc, block):
     where = lambda k: (doc.path, block.body_line + k)
     solid = [k for k, line in enumerate(lines) if line.strip(" \t")]
     if not solid:
-        raise Refusal(doc.path, block.line, "empty block")
+        raise Refusal(doc.path, block.line, "empty block (Org would tangle a lone blank line, which "
+                      "--detangle could not map back)")
     if solid[0] != 0:
         raise Refusal(*where(0), "blank line at the start of a block (Org versions disagree on it)")
     if solid[-1] != len(lines) - 1:
@@ -803,7 +818,8 @@ def expand(book, i, top, stack=()):
     """
     block = book.doc.blocks[i]
     if i in stack:
-        raise Refusal(book.doc.path, block.line, "noweb reference loops back to this block")
+        raise Refusal(book.doc.path, block.line, "noweb reference loops back to this block "
+                      "(Emacs would never finish)")
     book.uses[i] = book.uses.get(i, 0) + 1
     code = body(book, i)
     noweb = parameter(book, i, "noweb", "no")
@@ -852,7 +868,7 @@ def link_comment(book, i, target):
     heading = block.heading
     if not (block.name or heading.title) or any(key.upper() == "CUSTOM_ID" for _, key, _ in heading.properties):
         raise Refusal(book.doc.path, block.line, ":comments link under a heading with no title "
-                      "or with a CUSTOM_ID is not supported")
+                      "(Org names it 'No heading') or with a CUSTOM_ID (Org links to it) is not supported")
     search = block.target or block.name or "*" + link_heading(heading.title)
     name = block.name or f"{heading.title}:{block.number}"
     if re.search(r"%(start-line|source-name)", search + name):
