@@ -811,6 +811,8 @@ def join_lines(head, tail):
     joint = [p for p in head[-1] + tail[0] if p.text or p.kind != "text"] or head[-1]
     return head[:-1] + [joint] + tail[1:]
 
+MAX_NOWEB_DEPTH = 100
+
 def expand(book, i, top, stack=()):
     """Block I's body with noweb references replaced, as a list of piece lines.
 
@@ -820,6 +822,9 @@ def expand(book, i, top, stack=()):
     if i in stack:
         raise Refusal(book.doc.path, block.line, "noweb reference loops back to this block "
                       "(Emacs would never finish)")
+    if len(stack) > MAX_NOWEB_DEPTH:
+        raise Refusal(book.doc.path, block.line, f"noweb references nested more than "
+                      f"{MAX_NOWEB_DEPTH} deep (Emacs's Lisp stack may not hold them)")
     book.uses[i] = book.uses.get(i, 0) + 1
     code = body(book, i)
     noweb = parameter(book, i, "noweb", "no")
@@ -1071,7 +1076,9 @@ def read_database(org_path):
         database = json.loads(text)
     except ValueError:
         database = None
-    if not isinstance(database, dict) or not isinstance(database.get("files"), dict):
+    files = database.get("files") if isinstance(database, dict) else None
+    if not isinstance(files, dict) or not all(
+            isinstance(record, dict) and isinstance(record.get("sha256"), str) for record in files.values()):
         raise Refusal(name, 1, "not a tangle database; delete it and tangle again")
     return database
 
@@ -1324,6 +1331,9 @@ def main(argv=None):
             status |= run(path, args)
         except Refusal as refusal:
             print(refusal, file=sys.stderr)
+            status = 1
+        except OSError as error:
+            print(f"{error.filename or path}: {error.strerror}", file=sys.stderr)
             status = 1
     return status
 

@@ -376,7 +376,8 @@ def test_check_fails_on_a_stale_database(book):
     assert check(book).returncode == 0
 
 
-@pytest.mark.parametrize("content", ["garbage\n", "[]\n"])
+@pytest.mark.parametrize("content", ["garbage\n", "[]\n", '{"files": {"pkg/mod.py": 5}}\n',
+                                     '{"files": {"pkg/mod.py": {"sha256": null}}}\n'])
 def test_a_corrupt_database_is_reported_without_a_traceback(book, content):
     write(book / DATABASE, content)
     result = check(book)
@@ -442,6 +443,20 @@ def test_check_reports_a_directory_where_a_file_belongs(book):
     result = check(book)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert re.search(r"^missing: pkg/esc\.py\b", result.stdout, re.M), result.stdout
+
+
+def test_noweb_references_nested_too_deep_are_refused(tmp_path):
+    """Emacs's stack gives out somewhere beyond 150 levels; we stop at 100, without a traceback."""
+    lines = ["* A"]
+    for k in range(102):
+        lines += [f"#+NAME: n{k}", "#+begin_src python :tangle no :noweb yes",
+                  f"<<n{k + 1}>>" if k < 101 else "x = 1", "#+end_src"]
+    lines += ["#+begin_src python :tangle a.py :noweb yes", "<<n0>>", "#+end_src"]
+    write(tmp_path / "book.org", "\n".join(lines) + "\n")
+    result = tangle(tmp_path, "book.org")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "nested more than 100 deep" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["book.org"]
 
 
 # ---------------------------------------------------------------- --detangle
