@@ -182,7 +182,7 @@ def parse_document(path, data=None):
         elif m := BEGIN_RAW.match(line):
             end = re.compile(rf"[ \t]*#\+end_{m.group(1)}[ \t]*", re.I)
             i = skip_raw(doc, i, i + 1, end.fullmatch, f"#+begin_{m.group(1)}", limit)
-        elif (m := BEGIN_LATEX.match(line)) and (end := latex_end(lines, i, m.group(1))):
+        elif (m := BEGIN_LATEX.match(line)) and (end := latex_end(lines, i, m.group(1), limit)):
             i = skip_raw(doc, i, i, end.search, f"\\begin{{{m.group(1)}}}", limit)
         elif BEGIN_SRC.match(line):
             block, i = read_block(doc, i, heading, limit)
@@ -268,10 +268,10 @@ def skip_raw(doc, i, first, closes, what, limit):
             note_hidden_name(doc, j)
     raise Refusal(doc.path, i + 1, f"{what} without its end (Org reads it as text)")
 
-def latex_end(lines, i, name):
+def latex_end(lines, i, name, limit):
     """The pattern that ends the LaTeX environment NAME begun at line index I, or None if Org sees none."""
     end = re.compile(r"\\end\{" + re.escape(name) + r"\}[ \t]*$", re.I)
-    for j in range(i, len(lines)):
+    for j in range(i, len(lines) if limit is None else limit):
         if j > i and HEADING.match(lines[j]):
             return None
         if end.search(lines[j]):
