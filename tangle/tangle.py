@@ -127,7 +127,8 @@ NAME_LINE = re.compile(r"[ \t]*#\+name:[ \t]*(.*?)[ \t]*$", re.I)
 
 def starts_with(line, characters):
     """Whether LINE, after its spaces and tabs, starts with one of CHARACTERS."""
-    return line.lstrip(" \t")[:1] in characters
+    stripped = line.lstrip(" \t")
+    return bool(stripped) and stripped[0] in characters
 
 AFFILIATED = re.compile(
     r"[ \t]*#\+(?:(CAPTION|RESULTS)(?:\[.*\])?|(DATA|HEADERS?|LABEL|NAME|PLOT|RESNAME|RESULT"
@@ -169,7 +170,7 @@ def parse_document(path, data=None):
     i = read_file_drawer(doc)
     while i < len(lines):
         line, number = lines[i], i + 1
-        if not line or not starts_with(line, "*#:\\"):
+        if not starts_with(line, "*#:\\"):
             i += 1
             continue
         open_ends = [end for end in open_ends if end > i]
