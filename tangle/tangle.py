@@ -780,8 +780,8 @@ def resolve(book, name, where):
     """The blocks a noweb reference names: a #+NAME first, then :noweb-ref."""
     if re.search(r"\(.*\)", name):
         raise Refusal(*where, f"<<{name}>> asks Emacs to run a block; not supported")
-    for heading in book.doc.headings:
-        for _, key, value in heading.properties:
+    for properties in [h.properties for h in book.doc.headings] + [book.doc.file_properties]:
+        for _, key, value in properties:
             if key.upper() in ("ID", "CUSTOM_ID") and value == name:
                 raise Refusal(*where, f"<<{name}>> names a heading's {key}; Org would insert its text")
     if name.lower() in book.doc.hidden_names:
