@@ -738,6 +738,7 @@ class Output:
     mode: int | None
     mkdirp: bool
     org_line: int
+    shown: str
 
 @dataclass
 class Book:
@@ -945,7 +946,8 @@ def assemble(book, path, blocks):
     if mode is None and parameter(book, first, "shebang"):
         mode = 0o755
     text = "".join(line_text(line) + "\n" for line in lines)
-    return Output(path, lines, text, mode, mkdirp, book.doc.blocks[first].line)
+    return Output(path, lines, text, mode, mkdirp, book.doc.blocks[first].line,
+                  os.path.join(os.path.dirname(book.doc.path), path))
 
 def base_of(org_path):
     """The directory an org file's :tangle paths are relative to."""
@@ -1080,7 +1082,8 @@ def read_database(org_path):
     files = database.get("files") if isinstance(database, dict) else None
     if not isinstance(files, dict) or not all(
             isinstance(record, dict) and isinstance(record.get("sha256"), str) for record in files.values()):
-        raise Refusal(name, 1, "not a tangle database; delete it and tangle again")
+        raise Refusal(os.path.join(os.path.dirname(org_path), name), 1,
+                      "not a tangle database; delete it and tangle again")
     return database
 
 def origin(line):
@@ -1128,11 +1131,11 @@ def check(book, outputs):
     for out in outputs:
         disk = read_bytes(os.path.join(base, out.path))
         if disk is None:
-            problems.append(f"missing: {out.path} (tangled from {name}:{out.org_line})\n")
+            problems.append(f"missing: {out.shown} (tangled from {name}:{out.org_line})\n")
         elif disk != out.text.encode("utf-8"):
-            problems.append(labelled_diff(name, out.path, disk, out))
+            problems.append(labelled_diff(name, out.shown, disk, out))
         elif (actual := stat.S_IMODE(os.stat(os.path.join(base, out.path)).st_mode)) != file_mode(out.mode):
-            problems.append(f"mode: {out.path} is {actual:04o}, the book gives "
+            problems.append(f"mode: {out.shown} is {actual:04o}, the book gives "
                             f"{file_mode(out.mode):04o} ({name}:{out.org_line})\n")
     database = database_name(book.doc.path)
     if read_bytes(os.path.join(base, database)) != database_text(outputs).encode("utf-8"):
@@ -1172,12 +1175,12 @@ def map_edit(book, out, old, new, opcode):
         check_not_emptied(book, out, i1, i2)
     for i in range(i1, i2):
         if spot(out.lines[i]) is None:
-            raise Refusal(out.path, i + 1, f"the change touches {what_is(out.lines[i])}")
+            raise Refusal(out.shown, i + 1, f"the change touches {what_is(out.lines[i])}")
     runs = block_runs(out, i1, i2)
     if len(runs) == 1:
         return [edit(book, out, runs[0], j1, new[j1:j2])]
     if j2 - j1 not in (0, i2 - i1):
-        raise Refusal(out.path, i1 + 1, "the change spans more than one block and adds or removes "
+        raise Refusal(out.shown, i1 + 1, "the change spans more than one block and adds or removes "
                       f"lines ({book.doc.path}:{origin(out.lines[i1])} to :{origin(out.lines[i2 - 1])}); "
                       "edit one block at a time")
     line_for_line = j2 > j1
@@ -1201,7 +1204,7 @@ def check_not_emptied(book, out, i1, i2):
     for b in {s.block for i in range(i1, i2) if (s := spot(out.lines[i]))}:
         lines = [i for i, line in enumerate(out.lines) if any(p.kind == "code" and p.block == b for p in line)]
         if all(i1 <= i < i2 for i in lines):
-            raise Refusal(out.path, lines[0] + 1, "the change deletes every line of the block at "
+            raise Refusal(out.shown, lines[0] + 1, "the change deletes every line of the block at "
                           f"{book.doc.path}:{book.doc.blocks[b].line}; delete the block in the book instead")
 
 def map_insertion(book, out, old, new, i1, j1, j2):
@@ -1211,9 +1214,9 @@ def map_insertion(book, out, old, new, i1, j1, j2):
     above = spot(out.lines[i1 - 1]) if i1 > 0 else None
     below = spot(out.lines[i1]) if i1 < len(old) else None
     if above and below and (above.block, above.k + 1, above.prefix) != (below.block, below.k, below.prefix):
-        raise Refusal(out.path, i1 + 1, "lines added between two blocks: it is not clear which block they belong to")
+        raise Refusal(out.shown, i1 + 1, "lines added between two blocks: it is not clear which block they belong to")
     if not (above or below):
-        raise Refusal(out.path, i1 + 1, "lines added where no block is next to them")
+        raise Refusal(out.shown, i1 + 1, "lines added where no block is next to them")
     target = above or below
     k = above.k + 1 if above else below.k
     return check_edit(book, out, target, i1, j1, new[j1:j2], k, k)
@@ -1228,10 +1231,10 @@ def check_edit(book, out, target, i, j1, lines, k1, k2):
     uses = book.uses[target.block]
     if uses > 1:
         name = book.doc.blocks[target.block].name or "a :noweb-ref block"
-        raise Refusal(out.path, i + 1, f"the change is inside {name}, which is expanded in {uses} places")
+        raise Refusal(out.shown, i + 1, f"the change is inside {name}, which is expanded in {uses} places")
     for j, line in enumerate(lines, j1):
         if not line.startswith(target.prefix):
-            raise Refusal(out.path, j + 1, f"the line must start with the noweb prefix {target.prefix!r}")
+            raise Refusal(out.shown, j + 1, f"the line must start with the noweb prefix {target.prefix!r}")
     return target.block, k1, k2, [line[len(target.prefix):] for line in lines]
 
 def escape(line):
@@ -1265,14 +1268,14 @@ def detangle(path):
                 or hashlib.sha256(disk).hexdigest() == record["sha256"]):
             continue
         if sha256(out.text) != record["sha256"]:
-            raise Refusal(out.path, 1, f"both {path} and {out.path} changed since the last tangle; "
+            raise Refusal(out.shown, 1, f"both {path} and {out.shown} changed since the last tangle; "
                           "keep one side's change (git diff shows both) and run again")
         try:
             text = disk.decode("utf-8")
         except UnicodeDecodeError:
-            raise Refusal(out.path, 1, "not UTF-8")
+            raise Refusal(out.shown, 1, "not UTF-8")
         if not text.endswith("\n"):
-            raise Refusal(out.path, text.count("\n") + 1, "no newline at the end of the file")
+            raise Refusal(out.shown, text.count("\n") + 1, "no newline at the end of the file")
         old = [line_text(line) for line in out.lines]
         new = text[:-1].split("\n")
         matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
@@ -1301,8 +1304,8 @@ def check_written_back(path, data, expected):
         raise Refusal(path, refusal.line, f"the edit cannot be written back: {refusal}")
     for name, wanted in expected.items():
         if produced.get(name) != wanted:
-            raise Refusal(name, 1, "the edit cannot be written back so that tangling "
-                          "reproduces this file exactly")
+            raise Refusal(os.path.join(os.path.dirname(path), name), 1, "the edit cannot be "
+                          "written back so that tangling reproduces this file exactly")
 
 class OneLineErrors(argparse.ArgumentParser):
     def error(self, message):

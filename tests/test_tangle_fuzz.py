@@ -316,18 +316,21 @@ class Case:
 
 
 def tangle_all(root, names, *args):
-    """Run our tangler once on every org file in NAMES (paths under ROOT); {name: Result}.
+    """Run our tangler once on every org file in NAMES (paths under ROOT, one book per
+    directory); {name: Result}.
 
     One process for all books keeps the run short; a book's result is the
-    messages that name it. If the process crashes, each book is run alone,
-    so that the crash is pinned on its book.
+    messages that name a file in its directory. If the process crashes, each
+    book is run alone, so that the crash is pinned on its book.
     """
     whole = run_ours(root, names[0], *args, *names[1:]) if names else Result(0, "", "")
     if "Traceback" in whole.stderr:
         return {name: run_ours(root, name, *args) for name in names}
     results = {}
     for name in names:
-        mine = lambda text: "".join(line + "\n" for line in text.splitlines() if line.startswith(name + ":"))
+        # A message names the book or one of its tangled files, all under the book's directory.
+        folder = name.rsplit("/", 1)[0] + "/"
+        mine = lambda text: "".join(line + "\n" for line in text.splitlines() if line.startswith(folder))
         stderr, stdout = mine(whole.stderr), mine(whole.stdout)
         failed = bool(stderr) or ("--check" in args and "all match the book" not in stdout)
         results[name] = Result(1 if failed else 0, stdout, stderr)
@@ -400,3 +403,75 @@ def test_the_fuzzer_exercises_every_class_and_tangles_most_books(cases):
                                             for p in case.ours_dir.rglob("*"))) >= len(cases) / 4
     for feature in FEATURES:
         assert any(feature in case.features for case in accepted), f"no accepted book has {feature}"
+
+
+# ---------------------------------------------------------------- mutations, without Emacs
+
+CORPUS = Path(__file__).resolve().parent / "tangle" / "corpus"
+SPLINTERS = ["\t", " ", "\u00a0", "\r", "\n", ":", "*", "#+", "<<", ">>", "(", ")", "[", "]", '"',
+             "\\", "%", ",", "#+end_src", "#+begin_src python :tangle m.py\n", ":PROPERTIES:\n",
+             ":END:\n", "\x00", "é", "\u200b", "..", "/", "~"]
+
+
+def mutate(rng, data, splinters):
+    """DATA with a few splinters inserted, stretches deleted or copied, at random places."""
+    for _ in range(rng.randint(1, 6)):
+        k, r = rng.randrange(len(data) + 1), rng.random()
+        if r < 0.5:
+            data = data[:k] + rng.choice(splinters).encode("utf-8") + data[k:]
+        elif r < 0.8:
+            data = data[:k] + data[k + rng.randint(1, 20):]
+        else:
+            j = rng.randrange(len(data) + 1)
+            data = data[:k] + data[j : j + 30] + data[k:]
+    if rng.random() < 0.03:
+        data += b"\xff"  # a byte that is not UTF-8
+    return data
+
+
+def test_mutated_books_are_tangled_or_refused_without_a_traceback(tmp_path):
+    """Corpus books with random splinters: never a traceback, and a refused book writes nothing."""
+    rng = random.Random(FUZZ_SEED)
+    sources = sorted(CORPUS.glob("*/*.org"))
+    names = []
+    for index in range(FUZZ_COUNT * 2):
+        name = f"{index:04d}/{ORG_NAME}"
+        (tmp_path / name).parent.mkdir()
+        (tmp_path / name).write_bytes(mutate(rng, rng.choice(sources).read_bytes(), SPLINTERS))
+        names.append(name)
+    results = tangle_all(tmp_path, names)
+    crashed = [name for name, result in results.items() if "Traceback" in result.stderr]
+    assert not crashed, results[crashed[0]].stderr
+    refused = [name for name, result in results.items() if result.returncode]
+    assert len(names) / 10 < len(refused) < len(names), "mutations should be refused now and then, not always"
+    wrote = [name for name in refused if os.listdir(tmp_path / name.split("/")[0]) != [ORG_NAME]]
+    assert not wrote, f"refused, yet wrote: {wrote[:5]}"
+
+
+def test_edits_of_tangled_files_are_written_back_or_refused_without_a_traceback(tmp_path):
+    """Tangled files with random edits: --detangle never crashes, and what it writes back checks clean."""
+    rng = random.Random(FUZZ_SEED)
+    sources = sorted((CORPUS / "accept").glob("*.org"))
+    names = []
+    for index in range(FUZZ_COUNT // 2):
+        name = f"{index:04d}/{ORG_NAME}"
+        (tmp_path / name).parent.mkdir()
+        (tmp_path / name).write_bytes(rng.choice(sources).read_bytes())
+        names.append(name)
+    assert all(result.returncode == 0 for result in tangle_all(tmp_path, names).values())
+    for name in names:
+        tangled = sorted(p for p in (tmp_path / name).parent.rglob("*")
+                         if p.is_file() and p.name != ORG_NAME and not p.name.startswith("."))
+        for path in rng.sample(tangled, min(2, len(tangled))):
+            path.write_bytes(mutate(rng, path.read_bytes(), ["\n", "x", "    ", "\t", "#+end_src\n", "* h\n",
+                                                             "<<a>>", "é", "\n\n"]))
+    before = {name: (tmp_path / name).read_bytes() for name in names}
+    results = tangle_all(tmp_path, names, "--detangle")
+    crashed = [name for name, result in results.items() if "Traceback" in result.stderr]
+    assert not crashed, results[crashed[0]].stderr
+    changed = [name for name in names if (tmp_path / name).read_bytes() != before[name]]
+    assert changed, "no edit was written back"
+    assert not [name for name in changed if results[name].returncode], "a refused write-back changed the book"
+    checks = tangle_all(tmp_path, changed, "--check")
+    failed = [name for name, result in checks.items() if result.returncode]
+    assert not failed, f"--check fails after a write-back: {failed[:5]}"
