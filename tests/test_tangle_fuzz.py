@@ -10,6 +10,12 @@ must either refuse it cleanly (exit 1, FILE:LINE, no traceback, nothing
 written) or succeed where Emacs succeeds, with byte-identical files and
 identical modes, and then pass its own --check.
 
+Two more tests need no Emacs: corpus books with random splinters inserted or
+cut must be tangled or refused without a traceback (a refusal writing
+nothing), and tangled files edited at random must be written back or
+refused by --detangle, again without a traceback, a write-back passing
+--check.
+
 The run is bounded: FUZZ_COUNT books from FUZZ_SEED, a few seconds of Emacs.
 MLPLCODE_FUZZ_COUNT and MLPLCODE_FUZZ_SEED run a longer search locally; a
 failure prints the book, to be turned into a corpus file.
