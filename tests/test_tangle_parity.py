@@ -18,10 +18,10 @@ A file whose second line starts with `# known mismatch:` (edge) or
 its test is a strict xfail, so it turns red as soon as the bug is fixed and the
 line should then be removed.
 
-Emacs runs once per org file.  All corpus files are tangled by a single batch
-Emacs process (`org-babel-tangle-file` on each file, in its own directory);
-test_batched_emacs_matches_the_plain_command checks on two files that this
-gives the same trees as the plain per-file command line.  Without emacs on
+Emacs runs once per org file.  The corpus files are tangled by a few batch
+Emacs processes, 40 files each (`org-babel-tangle-file` on each file, in its
+own directory); test_batched_emacs_matches_the_plain_command checks on two
+files that this gives the same trees as the plain per-file command line.  Without emacs on
 PATH the parity tests are skipped with a warning, unless
 MLPLCODE_REQUIRE_TOOLS=1, which makes them fail.
 """
@@ -337,7 +337,7 @@ def test_one_kind_of_line_end_matches_emacs(tmp_path, newline):
 
 @pytest.mark.parametrize("name", ["08-comments-link.org", "09-shebang-modes.org"])
 def test_batched_emacs_matches_the_plain_command(name, runs, tmp_path):
-    """The single batch Emacs used for the corpus gives what the plain command gives."""
+    """The batch Emacs used for the corpus gives what the plain command gives."""
     require_emacs()
     org = CORPUS / "accept" / name
     shutil.copy(org, tmp_path / org.name)
