@@ -125,10 +125,8 @@ PROPERTIES_START = re.compile(r"[ \t]*:PROPERTIES:[ \t]*", re.I)
 DRAWER_END = re.compile(r"[ \t]*:END:[ \t]*", re.I)
 NAME_LINE = re.compile(r"[ \t]*#\+name:[ \t]*(.*?)[ \t]*$", re.I)
 
-def starts_with(line, characters):
-    """Whether LINE, after its spaces and tabs, starts with one of CHARACTERS."""
-    stripped = line.lstrip(" \t")
-    return bool(stripped) and stripped[0] in characters
+MAY_BE_STRUCTURE = re.compile(r"[ \t]*[*#:\\]")
+MAY_BE_KEYWORD = re.compile(r"[ \t]*#")
 
 AFFILIATED = re.compile(
     r"[ \t]*#\+(?:(CAPTION|RESULTS)(?:\[.*\])?|(DATA|HEADERS?|LABEL|NAME|PLOT|RESNAME|RESULT"
@@ -170,7 +168,7 @@ def parse_document(path, data=None):
     i = read_file_drawer(doc)
     while i < len(lines):
         line, number = lines[i], i + 1
-        if not starts_with(line, "*#:\\"):
+        if not MAY_BE_STRUCTURE.match(line):
             i += 1
             continue
         open_ends = [end for end in open_ends if end > i]
@@ -355,7 +353,7 @@ def read_block(doc, i, heading, limit):
         line = lines[j]
         if line[:1] == "*" and HEADING.match(line):
             raise Refusal(path, j + 1, "a line starting with '* ' inside a block ends it in Org: escape it as ',* '")
-        if not starts_with(line, "#"):
+        if not MAY_BE_KEYWORD.match(line):
             continue
         if END_SRC.fullmatch(line):
             break
@@ -683,7 +681,7 @@ def normalize_body(doc, block):
     Commas that escape '*' and '#+' are removed and the common indentation
     is cut. Whatever Org 9.5 and Org 9.7-9.8 would cut differently is refused.
     """
-    lines = [UNESCAPE.sub(r"\1\2", line) for line in block.raw_lines]
+    lines = [UNESCAPE.sub(r"\1\2", line) if "," in line else line for line in block.raw_lines]
     where = lambda k: (doc.path, block.body_line + k)
     solid = [k for k, line in enumerate(lines) if line.strip(" \t")]
     if not solid:
