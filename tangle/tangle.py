@@ -5,12 +5,16 @@ This file is tangled from mlplcode.org (chapter "The tangler"); edit the
 book, not this file, or edit this file and run --detangle.
 """
 import argparse
+import bisect
 import difflib
 import hashlib
+import itertools
 import json
 import os
 import re
+import stat
 import sys
+import unicodedata
 from dataclasses import dataclass, field
 
 class Refusal(Exception):
@@ -24,7 +28,7 @@ class Refusal(Exception):
 class Heading:
     line: int
     level: int
-    title: str
+    title: str | None
     tags: tuple
     parent: "Heading | None"
     commented: bool
@@ -44,84 +48,155 @@ class Block:
     number: int
     body_line: int
     raw_lines: list
+    target: str | None
+    name_hidden_by: int | None
+
+@dataclass(frozen=True)
+class Layout:
+    bom: str
+    newline: str
 
 @dataclass
 class Document:
     path: str
     lines: list
-    blocks: list
-    headings: list
-    keyword_properties: list
-    hidden_names: dict
+    layout: Layout
+    blocks: list = field(default_factory=list)
+    headings: list = field(default_factory=list)
+    keyword_properties: list = field(default_factory=list)
+    file_properties: list = field(default_factory=list)
+    hidden_names: dict = field(default_factory=dict)
 
-HEADING = re.compile(r"(\*+) (.*)")
-TODO_PRIORITY = re.compile(r"(?:(?:TODO|DONE)(?: +|$))?(?:\[#.\] +)?(.*)")
-TAGS = re.compile(r"(.*?)(?:^|[ \t]+)(:[\w@#%:]+:)[ \t]*")
-BEGIN_SRC = re.compile(r"[ \t]*#\+begin_src(?=[ \t]|$)(?: +(\S+))?(.*)", re.I)
+BOM = "\ufeff"
+
+def read_org(path, data=None):
+    """The lines of an Org file (DATA, or the file at PATH) as Emacs reads them, and its Layout."""
+    if data is None:
+        with open(path, "rb") as f:
+            data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise Refusal(path, line, f"byte 0x{data[error.start]:02X} is not UTF-8; Emacs "
+                      "would guess another encoding: save the file as UTF-8")
+    bom = BOM if text.startswith(BOM) else ""
+    text = text[len(bom):]
+    if "\0" in text:
+        raise Refusal(path, text[: text.index("\0")].count("\n") + 1,
+                      "a NUL character: Emacs reads the file as binary")
+    newline = line_end(path, text)
+    return text.split(newline), Layout(bom, newline)
+
+def line_end(path, text):
+    """The one line end that TEXT uses, as Emacs detects it; refuse a mix."""
+    if "\r" not in text:
+        return "\n"
+    ends = re.finditer(r"\r\n|\r|\n", text)
+    first = next(ends, None)
+    if first is None:
+        return "\n"
+    for number, end in enumerate(ends, 2):
+        if end.group() != first.group():
+            raise Refusal(path, number, "this line ends differently from line 1 "
+                          "(\\r\\n, \\n or \\r): Emacs then keeps each \\r as part of "
+                          "its line; use one kind of line end")
+    return first.group()
+
+ODD_BLANK = re.compile("[\v\f\x1c-\x1f\x85\xa0\u1680\u2000-\u200b\u2028\u2029\u202f\u205f\u3000\ufeff]")
+EMACS_BLANKS = " \t\f\xa0\u2000-\u200b\u202f\u205f\u3000"
+
+def check_blanks(path, number, line):
+    """Refuse a structural line holding a blank other than space and tab."""
+    if odd := ODD_BLANK.search(line):
+        name = unicodedata.name(odd.group(), "a control character")
+        raise Refusal(path, number, f"{name} (U+{ord(odd.group()):04X}) in a line Org parses: "
+                      "Org's patterns take it for a blank in some places and not in others; "
+                      "write a space")
+
+HEADING = re.compile(r"\*+ ")
+BEGIN_SRC = re.compile(rf"[ \t]*#\+begin_src(?![^{EMACS_BLANKS}])(?: +([^ \t]+))?(.*)", re.I)
 END_SRC = re.compile(r"[ \t]*#\+end_src[ \t]*", re.I)
-BEGIN_RAW = re.compile(r"[ \t]*#\+begin_(example|export|comment|verse)\b", re.I)
-KEYWORD = re.compile(r"[ \t]*#\+(\w+):[ \t]*(.*?)[ \t]*", re.I)
-AFFILIATED = re.compile(r"name|headers?|caption|plot|results|attr_\w+|srcname|tblname|resname|label|data|source", re.I)
-OLD_NAMES = re.compile(r"srcname|tblname|resname|label|data|source", re.I)
-PROPERTY_LINE = re.compile(r"[ \t]*:(\S+):(?:[ \t]+(.*?))?[ \t]*")
+BEGIN_RAW = re.compile(rf"[ \t]*#\+begin_(example|export|comment|verse)(?![^{EMACS_BLANKS}])", re.I)
+BEGIN_LATEX = re.compile(r"[ \t]*\\begin\{([A-Za-z0-9*]+)\}", re.I)
+KEYWORD = re.compile(r"[ \t]*#\+([^ \t]*):[ \t]*(.*)")
+PROPERTY_LINE = re.compile(r"[ \t]*:([^ \t]+):(?:([ \t]+)(.*?))?[ \t]*")
+PROPERTIES_START = re.compile(r"[ \t]*:PROPERTIES:[ \t]*", re.I)
+DRAWER_END = re.compile(r"[ \t]*:END:[ \t]*", re.I)
+NAME_LINE = re.compile(r"[ \t]*#\+name:[ \t]*(.*?)[ \t]*$", re.I)
 
-def read_org(path, text=None):
-    """Read an Org file as lines, refusing what our parser cannot follow."""
-    if text is None:
-        with open(path, encoding="utf-8", newline="") as f:
-            text = f.read()
-    if "\r" in text:
-        line = text[: text.index("\r")].count("\n") + 1
-        raise Refusal(path, line, "carriage return: save the file with Unix line ends")
-    return text.split("\n")
+MAY_BE_STRUCTURE = re.compile(r"[ \t]*[*#:\\]")
+MAY_BE_KEYWORD = re.compile(r"[ \t]*#")
 
-def parse_heading(number, stars, rest, parent):
-    rest = TODO_PRIORITY.fullmatch(rest).group(1)
-    tags = ()
-    tagged = TAGS.fullmatch(rest)
-    if tagged:
-        rest, tags = tagged.group(1), tuple(t for t in tagged.group(2).split(":") if t)
-    title = rest.strip()
-    commented = title == "COMMENT" or title.startswith("COMMENT ")
-    if commented:
-        title = title[len("COMMENT"):].strip()
-    level = len(stars)
+AFFILIATED = re.compile(
+    r"[ \t]*#\+(?:(CAPTION|RESULTS)(?:\[.*\])?|(DATA|HEADERS?|LABEL|NAME|PLOT|RESNAME|RESULT"
+    r"|SOURCE|SRCNAME|TBLNAME)|(ATTR_[-_A-Za-z0-9]+)):[ \t]*(.*?)[ \t]*", re.I)
+OLD_NAMES = ("data", "label", "resname", "source", "srcname", "tblname")
+
+COMPLEX_HEADING = re.compile(r"(\*+)(?: +(?:TODO|DONE))?(?: +\[#.\])?(?: +(.*?))??"
+                             r"(?:[ \t]+(:[^ \t]+:))?[ \t]*")
+UNTAGGED_HEADING = re.compile(r"(\*+)(?: +(?:TODO|DONE))?(?: +\[#.\])?(?: +(.*?))??()[ \t]*")
+
+ALNUM_CATEGORIES = {"Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nl", "Nd"}
+
+def is_tag_text(text):
+    """Whether TEXT (colons included) matches Org's [[:alnum:]_@#%:]+ as Emacs reads it."""
+    return all(ch in ":_@#%" or (ch.isalnum() if ch.isascii()
+                                  else unicodedata.category(ch) in ALNUM_CATEGORIES)
+               for ch in text)
+
+def parse_heading(number, line, parent):
+    m = COMPLEX_HEADING.fullmatch(line)
+    if m.group(3) and not is_tag_text(m.group(3)):
+        m = UNTAGGED_HEADING.fullmatch(line)
+    level, title = len(m.group(1)), m.group(2)
+    tags = tuple(t for t in (m.group(3) or "").split(":") if t)
     while parent and parent.level >= level:
         parent = parent.parent
     return Heading(
         line=number, level=level, title=title, tags=tags, parent=parent,
-        commented=commented or bool(parent and parent.commented),
+        commented=bool(title and re.match(r"COMMENT(?: |$)", title)) or bool(parent and parent.commented),
         archived="ARCHIVE" in tags or bool(parent and parent.archived),
     )
 
-def parse_document(path, text=None):
+def parse_document(path, data=None):
     """Split an Org file into headings, property drawers and src blocks."""
-    lines = read_org(path, text)
+    lines, layout = read_org(path, data)
     check_file_variables(path, lines)
-    blocks, headings, keyword_properties, hidden_names = [], [], [], {}
-    heading = None
-    i = 0
+    doc = Document(path, lines, layout)
+    heading, open_ends = None, []
+    i = read_file_drawer(doc)
     while i < len(lines):
         line, number = lines[i], i + 1
-        if m := HEADING.match(line):
-            heading = parse_heading(number, m.group(1), m.group(2), heading)
-            headings.append(heading)
-            i = read_property_drawer(path, lines, i + 1, heading)
+        if not MAY_BE_STRUCTURE.match(line):
+            i += 1
             continue
-        if m := BEGIN_RAW.match(line):
-            i = skip_raw_block(path, lines, i, m.group(1), hidden_names)
-            continue
-        if m := BEGIN_SRC.fullmatch(line):
-            block, i = read_block(path, lines, i, m, heading)
-            blocks.append(block)
-            continue
-        if m := KEYWORD.fullmatch(line):
-            check_keyword(path, number, m.group(1).lower(), m.group(2), keyword_properties)
-        elif line.lstrip().startswith(":PROPERTIES:"):
-            raise Refusal(path, number, "property drawer not directly under a heading")
-        i += 1
-    first_heading_drawer(path, headings)
-    return Document(path, lines, blocks, headings, keyword_properties, hidden_names)
+        open_ends = [end for end in open_ends if end > i]
+        limit = min(open_ends, default=None)
+        if HEADING.match(line):
+            heading = parse_heading(number, line, heading)
+            doc.headings.append(heading)
+            open_ends = []
+            i = read_property_drawer(path, lines, after_planning(lines, i + 1), heading.properties)
+        elif m := BEGIN_RAW.match(line):
+            end = re.compile(rf"[ \t]*#\+end_{m.group(1)}[ \t]*", re.I)
+            i = skip_raw(doc, i, i + 1, end.fullmatch, f"#+begin_{m.group(1)}", limit)
+        elif (m := BEGIN_LATEX.match(line)) and (end := latex_end(lines, i, m.group(1), limit)):
+            i = skip_raw(doc, i, i, end.search, f"\\begin{{{m.group(1)}}}", limit)
+        elif BEGIN_SRC.match(line):
+            block, i = read_block(doc, i, heading, limit)
+            doc.blocks.append(block)
+        else:
+            if (end := container_end(lines, i)) is not None:
+                open_ends.append(end)
+            if m := KEYWORD.fullmatch(line):
+                check_keyword(doc, number, m.group(1).lower(), m.group(2).strip(" \t"))
+            elif PROPERTIES_START.fullmatch(line):
+                raise Refusal(path, number, "Org reads a property drawer only right under a "
+                              "heading or at the very top of the file (after # comment lines)")
+            i += 1
+    first_heading_drawer(path, doc.headings)
+    return doc
 
 def first_heading_drawer(path, headings):
     """Refuse header-args in the drawer of a heading on line 1: Org 9.5 applies them file-wide."""
@@ -131,172 +206,297 @@ def first_heading_drawer(path, headings):
                 raise Refusal(path, line, "a heading on line 1 makes Org 9.5 apply its "
                               "header-args to the whole file; put a line such as #+TITLE first")
 
-def read_property_drawer(path, lines, i, heading):
-    """Collect a heading's :PROPERTIES: drawer; return the next line index."""
-    if i < len(lines) and re.match(r"[ \t]*(SCHEDULED|DEADLINE|CLOSED):", lines[i]):
+def read_file_drawer(doc):
+    """Read a property drawer at the top of the file; return the index of the line after it."""
+    i = 0
+    while i < len(doc.lines) and re.match(r"[ \t]*#(?: |$)", doc.lines[i]):
         i += 1
-    if i >= len(lines) or lines[i].strip().upper() != ":PROPERTIES:":
+    return read_property_drawer(doc.path, doc.lines, i, doc.file_properties)
+
+def after_planning(lines, i):
+    """Line index I, or the one after it when I is a heading's planning line."""
+    if i < len(lines) and re.match(r"[ \t]*(SCHEDULED|DEADLINE|CLOSED):", lines[i], re.I):
+        return i + 1
+    return i
+
+def read_property_drawer(path, lines, i, properties):
+    """Collect the :PROPERTIES: drawer at line index I into PROPERTIES; return the next index."""
+    if i >= len(lines) or not PROPERTIES_START.fullmatch(lines[i]):
         return i
     for j in range(i + 1, len(lines)):
-        if lines[j].strip().upper() == ":END:":
+        if DRAWER_END.fullmatch(lines[j]):
             return j + 1
         if HEADING.match(lines[j]):
             break
+        check_blanks(path, j + 1, lines[j])
         m = PROPERTY_LINE.fullmatch(lines[j])
         if not m:
-            raise Refusal(path, j + 1, "malformed line in property drawer")
-        key = m.group(1)
+            raise Refusal(path, j + 1, "malformed line in property drawer (Org would ignore the drawer)")
+        key, blank, value = m.group(1), m.group(2), m.group(3)
+        if value and not blank.startswith(" "):
+            raise Refusal(path, j + 1, f"a tab after :{key}: makes Org 9.5 ignore the whole "
+                          "drawer; write a space")
         if key.lower().startswith("header-args"):
-            check_header_args_property(path, j + 1, key, m.group(2))
-        heading.properties.append((j + 1, key, m.group(2) or ""))
-    raise Refusal(path, i + 1, "property drawer without :END:")
+            check_header_args_property(path, j + 1, key, value)
+        properties.append((j + 1, key, value or ""))
+    raise Refusal(path, i + 1, "property drawer without :END: (Org reads it as text)")
 
 def check_header_args_property(path, number, key, value):
-    """Refuse a header-args property that is not in lower case or has no value."""
-    if key != key.lower():
-        raise Refusal(path, number, f"write {key.lower()} in lower case")
+    """Refuse a header-args property without a value."""
     if not value:
         raise Refusal(path, number, f"{key} without a value (Org versions treat it differently)")
 
-def skip_raw_block(path, lines, i, kind, hidden_names):
-    """Skip an example, export, comment or verse block; return the next line index."""
-    end = re.compile(r"[ \t]*#\+end_" + kind + r"[ \t]*", re.I)
+def skip_raw(doc, i, first, closes, what, limit):
+    """Skip the element opened at line index I, from line FIRST to the line CLOSES accepts; return the next index."""
     open_src = None
-    for j in range(i + 1, len(lines)):
-        if end.fullmatch(lines[j]):
+    for j in range(first, len(doc.lines)):
+        line = doc.lines[j]
+        if closes(line):
             if open_src is not None:
-                raise Refusal(path, open_src, f"#+begin_src without #+end_src inside #+begin_{kind}")
+                raise Refusal(doc.path, open_src, f"#+begin_src without #+end_src inside {what}")
+            check_within(doc.path, i, j, limit, what)
             return j + 1
-        if HEADING.match(lines[j]):
-            raise Refusal(path, j + 1, f"a heading line inside #+begin_{kind} ends it in Org: "
+        if HEADING.match(line):
+            raise Refusal(doc.path, j + 1, f"a heading line inside {what} ends it in Org: "
                           "escape it as ',* '")
-        if BEGIN_SRC.fullmatch(lines[j]):
+        if BEGIN_SRC.match(line):
             open_src = j + 1
-        elif END_SRC.fullmatch(lines[j]):
+        elif END_SRC.fullmatch(line):
             open_src = None
-        elif (m := KEYWORD.fullmatch(lines[j])) and m.group(1).lower() == "name":
-            hidden_names.setdefault(m.group(2).lower(), j + 1)
-    raise Refusal(path, i + 1, f"#+begin_{kind} without #+end_{kind}")
+        else:
+            note_hidden_name(doc, j)
+    raise Refusal(doc.path, i + 1, f"{what} without its end (Org reads it as text)")
 
-def check_keyword(path, number, key, value, keyword_properties):
-    """Refuse keywords that change what Emacs tangles; collect #+PROPERTY."""
-    if key == "property":
-        name, _, rest = value.partition(" ")
+def latex_end(lines, i, name, limit):
+    """The pattern that ends the LaTeX environment NAME begun at line index I, or None if Org sees none."""
+    end = re.compile(r"\\end\{" + re.escape(name) + r"\}[ \t]*$", re.I)
+    for j in range(i, len(lines) if limit is None else limit):
+        if j > i and HEADING.match(lines[j]):
+            return None
+        if end.search(lines[j]):
+            return end
+    return None
+
+def note_hidden_name(doc, j):
+    """Remember a #+NAME: line that Emacs's search for named blocks would find where Org sees no block."""
+    if m := NAME_LINE.match(doc.lines[j]):
+        doc.hidden_names.setdefault(m.group(1).lower(), j + 1)
+
+def container_end(lines, i):
+    """The index of the line that closes the element containing elements opened at line index I, or None."""
+    line = lines[i]
+    if m := re.match(rf"[ \t]*#\+begin_([^{EMACS_BLANKS}]+)", line, re.I):
+        end = re.compile(rf"[ \t]*#\+end_{re.escape(m.group(1))}[ \t]*", re.I)
+    elif re.match(r"[ \t]*#\+begin:? ", line, re.I):
+        end = re.compile(r"[ \t]*#\+end:?[ \t]*", re.I)
+    elif re.fullmatch(r"[ \t]*:[-\w]+:[ \t]*", line):
+        end = DRAWER_END
+    else:
+        return None
+    for j in range(i + 1, len(lines)):
+        if HEADING.match(lines[j]):
+            return None
+        if end.fullmatch(lines[j]):
+            return j
+    return None
+
+def check_within(path, i, j, limit, what):
+    """Refuse an element from line index I to J that runs past LIMIT, the end of its container."""
+    if limit is not None and j > limit:
+        raise Refusal(path, i + 1, f"{what} runs past line {limit + 1}, where Org ends the "
+                      "element that contains it, so Org does not see it")
+
+OUTSIDE_KEYWORDS = {
+    "setupfile": "pulls in settings from another file",
+    "include": "pulls in text from another file",
+    "todo": "changes the words that headings may start with",
+    "seq_todo": "changes the words that headings may start with",
+    "typ_todo": "changes the words that headings may start with",
+}
+
+def check_keyword(doc, number, key, value):
+    """Refuse keywords that change what Emacs tangles; collect #+PROPERTY header-args."""
+    if key == "property" and "header-args" in value.lower():
+        check_blanks(doc.path, number, doc.lines[number - 1])
+        if m := re.match(r"([^ \t]+)[ \t]+(.*)", value):
+            name, rest = m.groups()
+        else:
+            name, rest = value, ""
         if name.lower().startswith("header-args"):
-            check_header_args_property(path, number, name, rest.strip())
-            keyword_properties.append((number, name, rest.strip()))
-    elif key in ("setupfile", "include", "todo", "seq_todo", "typ_todo"):
-        raise Refusal(path, number, f"#+{key.upper()} is not supported by this tangler")
+            check_header_args_property(doc.path, number, name, rest)
+            doc.keyword_properties.append((number, name, rest))
+    elif key in OUTSIDE_KEYWORDS:
+        raise Refusal(doc.path, number, f"#+{key.upper()} {OUTSIDE_KEYWORDS[key]}; not supported")
     elif key == "filetags" and "ARCHIVE" in value.split(":"):
-        raise Refusal(path, number, "#+FILETAGS: :ARCHIVE: is not supported")
+        raise Refusal(doc.path, number, "#+FILETAGS: :ARCHIVE: archives the whole file; not supported")
+
+FILE_VARIABLES = ("file-local variables could change how Emacs tangles this file "
+                  "(org-src-preserve-indentation, the noweb syntax); not supported")
 
 def check_file_variables(path, lines):
     """Refuse file-local variables, which could change how Emacs tangles this file."""
     for number, line in enumerate(lines[:2], 1):
         if "-*-" in line and re.search(r"\borg-", line):
-            raise Refusal(path, number, "file-local variables are not supported")
+            raise Refusal(path, number, FILE_VARIABLES)
     tail = len("\n".join(lines)) - 3000
     offset = 0
     for number, line in enumerate(lines, 1):
         if offset >= tail and re.search(r"local variables:", line, re.I):
-            raise Refusal(path, number, "file-local variables are not supported")
+            raise Refusal(path, number, FILE_VARIABLES)
         offset += len(line) + 1
 
-def read_block(path, lines, i, begin, heading):
-    """Read one src block starting at line index I; return it and the next index."""
-    number = i + 1
+def read_block(doc, i, heading, limit):
+    """Read the src block starting at line index I; return it and the next index."""
+    path, lines, number = doc.path, doc.lines, i + 1
+    check_blanks(path, number, lines[i])
     for j in range(i + 1, len(lines)):
-        if END_SRC.fullmatch(lines[j]):
-            break
-        if HEADING.match(lines[j]):
+        line = lines[j]
+        if line[:1] == "*" and HEADING.match(line):
             raise Refusal(path, j + 1, "a line starting with '* ' inside a block ends it in Org: escape it as ',* '")
+        if not MAY_BE_KEYWORD.match(line):
+            continue
+        if END_SRC.fullmatch(line):
+            break
+        if re.match(r"[ \t]*#\+end_src", line, re.I):
+            raise Refusal(path, j + 1, "a line starting with #+end_src inside a block: Emacs's "
+                          "search for blocks stops there; escape it as ',#+end_src'")
+        note_hidden_name(doc, j)
     else:
-        raise Refusal(path, number, "#+begin_src without #+end_src")
+        raise Refusal(path, number, "#+begin_src without #+end_src (Org reads it as text)")
+    check_within(path, i, j, limit, "the block")
+    begin = BEGIN_SRC.match(lines[i])
     if not begin.group(1):
-        raise Refusal(path, number, "a src block needs a language: '#+begin_src python'")
-    headers, name, name_line, attached = [], None, None, True
-    k = i - 1
-    while k >= 0 and (m := KEYWORD.fullmatch(lines[k])):
-        key = m.group(1).lower()
-        attached = attached and bool(AFFILIATED.fullmatch(key))
-        if key == "name" and not attached:
-            raise Refusal(path, k + 1, "#+NAME is separated from its block by another "
-                          "keyword (Org finds it for noweb but not for links)")
-        if attached and OLD_NAMES.fullmatch(key):
-            raise Refusal(path, k + 1, f"#+{key.upper()} is an old spelling of #+NAME; write #+NAME")
-        if attached and key in ("header", "headers"):
-            headers.insert(0, (k + 1, m.group(2)))
-        elif attached and key == "name":
-            if name is not None:
-                raise Refusal(path, k + 1, f"a second #+NAME for the block (line {name_line})")
-            name, name_line = m.group(2), k + 1
-        k -= 1
+        raise Refusal(path, number, "a src block needs a language after a space: '#+begin_src python'")
+    headers, name, name_line, name_hidden_by = affiliated_keywords(doc, i)
     if heading:
         heading.block_count += 1
     block = Block(
-        line=number, language=begin.group(1), arguments=begin.group(2).strip(),
+        line=number, language=begin.group(1), arguments=begin.group(2).strip(" \t"),
         headers=headers, name=name, name_line=name_line, heading=heading,
         number=heading.block_count if heading else 0,
-        body_line=number + 1, raw_lines=lines[i + 1 : j],
+        body_line=number + 1, raw_lines=lines[i + 1 : j], target=target_above(lines, i),
+        name_hidden_by=name_hidden_by,
     )
     return block, j + 1
+
+def affiliated_keywords(doc, i):
+    """The #+HEADER lines and the #+NAME above the block at line index I, and the line
+    of a keyword that hides the block from Emacs's search by that name."""
+    path, lines = doc.path, doc.lines
+    headers, name, name_line, stop = [], None, None, None
+    k = i - 1
+    while k >= 0 and (m := AFFILIATED.fullmatch(lines[k])):
+        check_blanks(path, k + 1, lines[k])
+        if name is None and stop is None and not re.match(r"[ \t]*#\+[^ \t]+:", lines[k]):
+            stop = k + 1
+        key, value = (m.group(1) or m.group(2) or m.group(3)).lower(), m.group(4)
+        if key in OLD_NAMES:
+            raise Refusal(path, k + 1, f"#+{key.upper()} is an old spelling of #+NAME; write #+NAME")
+        if key in ("header", "headers"):
+            headers.insert(0, (k + 1, value))
+        elif key == "name":
+            if name is not None:
+                raise Refusal(path, k + 1, f"a second #+NAME for the block (line {name_line})")
+            if not value:
+                raise Refusal(path, k + 1, "#+NAME: without a name (Org would name the block \"\")")
+            name, name_line = value, k + 1
+        k -= 1
+    while k >= 0 and re.match(r"[ \t]*#\+[^ \t]+:", lines[k]):
+        if re.match(r"[ \t]*#\+name:", lines[k], re.I):
+            raise Refusal(path, k + 1, "#+NAME is separated from its block by another "
+                          "keyword (Org finds it for noweb but not for links)")
+        k -= 1
+    return headers, name, name_line, stop if name_line else None
+
+TARGET = re.compile(r"[^<]<<([^<>]+)>>[^>]")
+
+def target_above(lines, i):
+    """The <<target>> that Org's org-store-link finds at the start of line index I, or None."""
+    start = max(i - 1, 0)
+    text = "\n".join(lines[start : i + 2])
+    here = len(lines[start]) + 1 if start < i else 0
+    for m in TARGET.finditer(text):
+        if m.start() > here:
+            return None
+        if m.end() >= here:
+            return m.group(1)
+    return None
 
 HEADER_KEYS = {
     "tangle", "mkdirp", "padline", "noweb", "noweb-ref", "noweb-sep", "comments",
     "shebang", "tangle-mode", "exports", "results", "session", "eval", "cache",
-    "hlines", "dir", "wrap",
+    "hlines", "dir", "wrap", "var", "prologue", "epilogue", "no-expand",
 }
-REFUSED_KEYS = {
+INJECTING_KEYS = {
     "var": "injects assignments into the tangled code",
     "prologue": "injects code before the body",
     "epilogue": "injects code after the body",
     "no-expand": "changes how the body is expanded",
-    "noweb-prefix": "is not known to Org 9.5",
 }
 
-def split_header_arguments(text):
-    """Split ':key value :key value' where a colon follows a blank, as Org does.
+NOWEB_EXPANDS = {
+    "no": (False, False),
+    "yes": (True, True),
+    "tangle": (True, None),
+    "no-export": (True, True),
+    "strip-export": (True, True),
+}
 
-    A double-quoted value may contain ' :'; so may a parenthesized one.
-    Returns (key, raw value) pairs; a key without a value gets "".
-    """
-    if '"' in text or "(" in text:
-        parts = balanced_split(text)
-    else:
-        parts = re.split(r"[ \t](?=:)", text)
-    pairs = []
-    for part in parts:
-        if m := re.fullmatch(r"[ \t]*(\S+)(?:[ \t]+(.*?))?[ \t]*", part):
-            pairs.append((m.group(1), m.group(2) or ""))
-    return pairs
-
-def balanced_split(text):
-    """Split TEXT before each colon that follows a blank, outside quotes and parentheses."""
-    parts, current, depth, quoted = [], [], 0, False
-    for k, ch in enumerate(text):
-        before = text[k - 1] if k else ""
-        if quoted:
-            quoted = not (ch == '"' and before != "\\")
+def balanced_split(text, at_colon=True):
+    """Split TEXT as org-babel-balanced-split does: where a blank is followed by ':' (dropping
+    both), or with AT_COLON false at each space; never inside "quotes" or balanced brackets.
+    Returns (offset, piece) pairs."""
+    if at_colon and not re.search(r'["(\[]', text):
+        # Nothing to balance: cut at each blank and colon, as the walk below would.
+        cuts = [m.start() for m in re.finditer(r"[ \t]:", text)]
+        pieces = zip([0] + [cut + 1 for cut in cuts], [0] + [cut + 2 for cut in cuts], cuts + [len(text)])
+        return [(offset, text[a:b]) for offset, a, b in pieces if b > a]
+    parts, partial, start, k = [], [], 0, 0
+    while k < len(text):
+        ch, before = text[k], text[k - 1] if k else ""
+        if (ch == ":" and before in (" ", "\t")) if at_colon else ch == " ":
+            if at_colon:
+                partial.pop()
+            if partial:
+                parts.append((start, "".join(partial)))
+            partial, start, k = [], k + (0 if at_colon else 1), k + 1
+        elif ch in "([":
+            end = balanced_end(text, k)
+            partial += text[k:end] if end else ch
+            k = end or k + 1
         elif ch == '"' and before != "\\":
-            quoted = True
-        elif ch == "(":
-            depth += 1
-        elif ch == ")" and depth:
-            depth -= 1
-        elif ch == ":" and before in (" ", "\t") and depth == 0:
-            parts.append("".join(current))
-            current = []
-        current.append(ch)
-    parts.append("".join(current))
+            closing = CLOSING_QUOTE.search(text, k)
+            partial += text[k : closing.end()] if closing else ch
+            k = closing.end() if closing else k + 1
+        else:
+            partial.append(ch)
+            k += 1
+    if partial:
+        parts.append((start, "".join(partial)))
     return parts
 
+def balanced_end(text, k):
+    """The index after the bracket that closes the one at K, as Org matches them, or None."""
+    openings = [text[k]]
+    for j in range(k + 1, len(text)):
+        ch = text[j]
+        if ch in "([":
+            openings.append(ch)
+        elif (openings[-1], ch) in (("(", ")"), ("[", "]")):
+            openings.pop()
+        if not openings:
+            return j + 1
+    return None
+
 LISP_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"'}
+CLOSING_QUOTE = re.compile(r'[^\\]"')
+LISP_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[+-]?[0-9]+)?")
 
 def read_value(where, key, raw):
     """Turn a raw header value into what Org would see, or refuse it."""
-    if raw == "":
+    if raw is None:
         return None
-    if raw[0] in "('`[":
+    if raw[0] in "('`[" or raw == "*this*":
         mode = re.fullmatch(r"\(identity\s+#o([0-7]{3,4})\)", raw)
         if key == "tangle-mode" and mode:
             return int(mode.group(1), 8)
@@ -310,55 +510,93 @@ def read_value(where, key, raw):
         if bad:
             raise Refusal(*where, f":{key}: unsupported escape \\{bad[0]}")
         return re.sub(r"\\(.)", lambda e: LISP_ESCAPES[e.group(1)], quoted.group(1))
-    if re.fullmatch(r"[0-9e.+ -]+", raw):
+    if LISP_NUMBER.fullmatch(raw):
         raise Refusal(*where, f":{key} {raw}: Org reads this as a number")
     return raw
 
-def parse_arguments(where, text):
-    """Parse one header-argument string into {key: (value, where)}."""
-    if text.strip() and not text.lstrip().startswith(":"):
-        raise Refusal(*where, "switches and other text before the header arguments "
-                      f"are not supported: {text.strip()!r}")
+def parse_arguments(pieces):
+    """Parse the header arguments in PIECES, (where, text) pairs, into {key: (value, where)}."""
+    text = " ".join(t for _, t in pieces)
+    if not text.strip(" \t") or text == "nil":
+        return {}
+    offsets = list(itertools.accumulate((len(t) + 1 for _, t in pieces[:-1]), initial=0))
     parsed = {}
-    for key, raw in split_header_arguments(text):
+    for n, (k, part) in enumerate(balanced_split(text)):
+        where = pieces[bisect.bisect_right(offsets, k) - 1][0]
+        arg = part if n == 0 else ":" + part
+        if not arg.startswith(":"):
+            raise Refusal(*where, "switches and other text before the header arguments are not "
+                          f"supported (Org 9.7 honours -i, 9.5 does not): {part.strip()!r}")
+        m = re.search(r"([^ \t]+)[ \t]+([^ \t].*)", arg)
+        key, raw = (m.group(1), m.group(2).rstrip(" \t")) if m else (arg.rstrip(" \t"), None)
         parsed[key[1:]] = (read_value(where, key[1:], raw), where)
+        if key == ":var":
+            check_var(where, raw)
     return parsed
 
-def inherited_property(doc, heading, name):
-    """The value of property NAME at HEADING, as Org's inheritance computes it.
+def check_var(where, raw):
+    """Refuse a :var value that Org's merge of header arguments could stop on."""
+    pieces = [piece for _, piece in balanced_split(raw or "", at_colon=False)]
+    joined = []
+    for piece in pieces:
+        if joined and (joined[-1].endswith("=") or piece.startswith("=")):
+            joined[-1] += piece
+        else:
+            joined.append(piece)
+    if not joined or not all(re.match(r"[^= \t]+[ \t]*=", v) for v in joined):
+        raise Refusal(*where, f":var {raw or ''}: write NAME=VALUE (Emacs stops with an "
+                      "error on a :var without a name)")
 
-    The nearest heading that sets NAME wins outright; NAME+ values on the
-    way up are appended after it. Returns a list of (where, text) pieces.
+def inherited_property(doc, heading, name):
+    """The value of property NAME at HEADING, as (where, text) pieces in Org's order.
+
+    The nearest level that sets NAME wins outright; NAME+ values on the
+    way up are appended after it.
     """
     pieces = []
-    while heading:
-        base = [p for p in heading.properties if p[1].lower() == name and p[2]]
-        more = [p for p in heading.properties if p[1].lower() == name + "+" and p[2]]
+    for properties in property_levels(doc, heading, name):
+        base = [p for p in properties if p[1].lower() == name]
         if len(base) > 1:
             raise Refusal(doc.path, base[1][0], f"{name} set twice in one drawer")
+        base = [p for p in base if p[2] != "nil"]
+        more = [p for p in properties if p[1].lower() == name + "+"]
         pieces[:0] = [((doc.path, line), value) for line, _, value in base + more]
         if base:
             return pieces
-        heading = heading.parent
-    keyword = []
+    return keyword_property(doc, name) + pieces
+
+def property_levels(doc, heading, name):
+    """The property drawers that inheritance of NAME visits from HEADING: its own, its ancestors', the file's."""
+    top = None
+    while heading:
+        yield heading.properties
+        top, heading = heading, heading.parent
+    if top and top.level > 1:
+        if any(key.lower() in (name, name + "+") for _, key, _ in doc.file_properties):
+            raise Refusal(doc.path, top.line, f"Org 9.5 skips the file's {name} for a heading "
+                          "with no level-1 heading above it; add one")
+        return
+    yield doc.file_properties
+
+def keyword_property(doc, name):
+    """The value of property NAME set by #+PROPERTY lines, as (where, text) pieces."""
+    pieces = []
     for line, key, value in doc.keyword_properties:
-        if key == name:
-            keyword = [((doc.path, line), value)]
-        elif key == name + "+":
-            keyword.append(((doc.path, line), value))
-    return keyword + pieces
+        if key.lower() == name:
+            pieces = [((doc.path, line), value)]
+        elif key.lower() == name + "+":
+            pieces.append(((doc.path, line), value))
+    return [] if " ".join(t for _, t in pieces) == "nil" else pieces
 
 def block_parameters(doc, block):
     """Merge a block's header arguments: properties, then the block line, then #+HEADER."""
-    sources = inherited_property(doc, block.heading, "header-args")
-    sources += inherited_property(doc, block.heading, "header-args:" + block.language)
-    sources.append(((doc.path, block.line), block.arguments))
     params = {"tangle": ("no", (doc.path, block.line))}
-    for where, text in sources:
-        params.update(parse_arguments(where, text))
+    for name in ("header-args", "header-args:" + block.language.lower()):
+        params.update(parse_arguments(inherited_property(doc, block.heading, name)))
+    params.update(parse_arguments([((doc.path, block.line), block.arguments)]))
     headers = {}
     for line, text in block.headers:
-        for key, value in parse_arguments((doc.path, line), text).items():
+        for key, value in parse_arguments([((doc.path, line), text)]).items():
             if key in headers:
                 raise Refusal(doc.path, line, f":{key} is set on two #+HEADER lines "
                               "(Org lets the upper one win, which reads backwards)")
@@ -366,48 +604,62 @@ def block_parameters(doc, block):
     return {**params, **headers}
 
 def tangle_target(doc, value, where):
-    """Check a :tangle path: relative, normalized and inside the org file's directory."""
+    """The path that a :tangle value names, relative to the org file's directory, or a refusal."""
     if value is None:
         raise Refusal(*where, ":tangle needs a value: a file name or no")
     if value == "yes":
         raise Refusal(*where, ":tangle yes names the file after the language "
                       "(.python without ob-python); write the file name")
-    if (os.path.isabs(value) or value.startswith("~") or os.path.normpath(value) != value
-            or value.split("/")[0] == ".."):
-        raise Refusal(*where, f":tangle {value}: write a normalized path inside "
-                      "the org file's directory")
-    if value in (os.path.basename(doc.path), database_name(doc.path)):
+    path = "/".join(part for part in value.split("/") if part != ".")
+    if (not path or os.path.isabs(value) or value.startswith("~") or os.path.normpath(path) != path
+            or path.split("/")[0] == ".." or re.search(r"[\x00-\x1f\x7f]", path)):
+        raise Refusal(*where, f":tangle {value!r}: write a plain path inside the org file's directory")
+    if path in (os.path.basename(doc.path), database_name(doc.path)):
         raise Refusal(*where, f":tangle {value}: would overwrite the tangler's own files")
-    return value
+    return path
 
+LANGUAGES = {
+    "python", "sh", "bash", "zsh", "shell", "emacs-lisp", "elisp", "lua", "ruby", "perl",
+    "js", "css", "html", "typst", "markdown", "text", "conf", "json", "yaml", "toml", "makefile",
+}
 COMMENT_STARTS = {"python": "# ", "sh": "# ", "bash": "# ", "shell": "# ",
                   "emacs-lisp": ";; ", "elisp": ";; "}
 
-def check_used_parameters(doc, block, params):
-    """Refuse header arguments whose tangled output differs between Org versions."""
+def check_parameters(doc, block, params):
+    """Refuse header arguments that we cannot tangle as every Org does, on a used block."""
     for key, (value, where) in params.items():
-        if key in REFUSED_KEYS:
-            raise Refusal(*where, f":{key} {REFUSED_KEYS[key]}; not supported")
+        if key == "noweb-prefix":
+            raise Refusal(*where, ":noweb-prefix is not known to Org 9.5; not supported")
         if key not in HEADER_KEYS:
-            raise Refusal(*where, f":{key} is not a header argument this tangler knows")
+            raise Refusal(*where, f":{key} is not a header argument this tangler knows "
+                          "(Emacs would ignore a misspelt one without a word)")
         if value is None:
             raise Refusal(*where, f":{key} needs a value (Org versions read a bare key differently)")
-    checks = {
-        "noweb": ("yes", "no", "tangle"),
-        "comments": ("no", "link"),
-    }
-    for key, allowed in checks.items():
-        value, where = params.get(key, ("no", None))
-        if value not in allowed:
-            raise Refusal(*where, f":{key} {value}: use one of {', '.join(allowed)}")
+    value, where = params.get("noweb", ("no", None))
+    if value not in NOWEB_EXPANDS:
+        raise Refusal(*where, f":noweb {value}: use one of {', '.join(NOWEB_EXPANDS)}")
+
+def check_tangled(doc, block, params):
+    """Refuse what a tangled block's output depends on beyond the subset: language, injected code, comments, modes."""
+    if block.language.lower() not in LANGUAGES:
+        raise Refusal(doc.path, block.line, f"{block.language} blocks are not covered: Org expands "
+                      f"some languages' blocks (ob-C wraps C in main()); covered: {', '.join(sorted(LANGUAGES))}")
+    for key, (value, where) in params.items():
+        if key in INJECTING_KEYS:
+            raise Refusal(*where, f":{key} {INJECTING_KEYS[key]}; not supported on a tangled block")
+    comments, where = params.get("comments", ("no", None))
+    if comments not in ("no", "link", "yes"):
+        raise Refusal(*where, f":comments {comments}: use one of no, link, yes")
     mode, where = params.get("tangle-mode", (None, None))
     if mode is not None and not isinstance(mode, int):
         raise Refusal(*where, ":tangle-mode: write (identity #o755); other forms differ between Org versions")
-    if params.get("comments", ("no",))[0] == "link":
+    if comments != "no":
         if block.language not in COMMENT_STARTS:
-            raise Refusal(doc.path, block.line, f":comments link for {block.language!r} blocks is not supported")
+            raise Refusal(doc.path, block.line, f":comments link for {block.language!r} blocks is not "
+                          "supported (Emacs takes the comment syntax from the language's mode)")
         if block.heading is None:
-            raise Refusal(doc.path, block.line, ":comments link needs the block to be under a heading")
+            raise Refusal(doc.path, block.line, ":comments link needs the block to be under a heading "
+                          "(Org links a block above the first one by the text of its line)")
 
 UNESCAPE = re.compile(r"^([ \t]*,*),(\*|#\+)")
 
@@ -429,11 +681,12 @@ def normalize_body(doc, block):
     Commas that escape '*' and '#+' are removed and the common indentation
     is cut. Whatever Org 9.5 and Org 9.7-9.8 would cut differently is refused.
     """
-    lines = [UNESCAPE.sub(r"\1\2", line) for line in block.raw_lines]
+    lines = [UNESCAPE.sub(r"\1\2", line) if "," in line else line for line in block.raw_lines]
     where = lambda k: (doc.path, block.body_line + k)
     solid = [k for k, line in enumerate(lines) if line.strip(" \t")]
     if not solid:
-        raise Refusal(doc.path, block.line, "empty block")
+        raise Refusal(doc.path, block.line, "empty block (Org would tangle a lone blank line, which "
+                      "--detangle could not map back)")
     if solid[0] != 0:
         raise Refusal(*where(0), "blank line at the start of a block (Org versions disagree on it)")
     if solid[-1] != len(lines) - 1:
@@ -483,6 +736,7 @@ class Output:
     mode: int | None
     mkdirp: bool
     org_line: int
+    shown: str
 
 @dataclass
 class Book:
@@ -495,9 +749,9 @@ class Book:
     checked: set = field(default_factory=set)
     bodies: dict = field(default_factory=dict)
 
-def open_book(path, text=None):
-    """Parse PATH (or TEXT, as if it were PATH) and index its blocks by #+NAME and :noweb-ref."""
-    doc = parse_document(path, text)
+def open_book(path, data=None):
+    """Parse PATH (or DATA, as if it were PATH's bytes) and index its blocks by #+NAME and :noweb-ref."""
+    doc = parse_document(path, data)
     params = [block_parameters(doc, block) for block in doc.blocks]
     names, refs = {}, {}
     for i, block in enumerate(doc.blocks):
@@ -517,7 +771,7 @@ def parameter(book, i, key, default=None):
 def body(book, i):
     """The normalized body of block I, its header arguments checked once."""
     if i not in book.bodies:
-        check_used_parameters(book.doc, book.doc.blocks[i], book.params[i])
+        check_parameters(book.doc, book.doc.blocks[i], book.params[i])
         book.bodies[i] = normalize_body(book.doc, book.doc.blocks[i])
     return book.bodies[i]
 
@@ -525,8 +779,8 @@ def resolve(book, name, where):
     """The blocks a noweb reference names: a #+NAME first, then :noweb-ref."""
     if re.search(r"\(.*\)", name):
         raise Refusal(*where, f"<<{name}>> asks Emacs to run a block; not supported")
-    for heading in book.doc.headings:
-        for _, key, value in heading.properties:
+    for properties in [h.properties for h in book.doc.headings] + [book.doc.file_properties]:
+        for _, key, value in properties:
             if key.upper() in ("ID", "CUSTOM_ID") and value == name:
                 raise Refusal(*where, f"<<{name}>> names a heading's {key}; Org would insert its text")
     if name.lower() in book.doc.hidden_names:
@@ -537,6 +791,9 @@ def resolve(book, name, where):
         block = book.doc.blocks[named]
         if block.name != name:
             raise Refusal(*where, f"<<{name}>> matches #+NAME: {block.name} only when case is ignored")
+        if block.name_hidden_by:
+            raise Refusal(*where, f"<<{name}>>: Emacs's search for #+NAME: {name} stops at the blank "
+                          f"inside the keyword on line {block.name_hidden_by} and inserts nothing")
         if not (block.heading and block.heading.commented):
             return [named]
     if name in book.refs:
@@ -551,25 +808,33 @@ def join_lines(head, tail):
     """Concatenate two texts held as lines: TAIL's first line continues HEAD's last."""
     if not head:
         return tail
-    return head[:-1] + [head[-1] + tail[0]] + tail[1:]
+    joint = [p for p in head[-1] + tail[0] if p.text or p.kind != "text"] or head[-1]
+    return head[:-1] + [joint] + tail[1:]
+
+MAX_NOWEB_DEPTH = 100
 
 def expand(book, i, top, stack=()):
     """Block I's body with noweb references replaced, as a list of piece lines.
 
-    TOP says whether I is a tangled block (":noweb yes" or "tangle" expands)
-    or a referenced one (Org 9.5 expands only ":noweb yes" there).
+    TOP says whether I is a tangled block or a referenced one.
     """
     block = book.doc.blocks[i]
     if i in stack:
-        raise Refusal(book.doc.path, block.line, "noweb reference loops back to this block")
+        raise Refusal(book.doc.path, block.line, "noweb reference loops back to this block "
+                      "(Emacs would never finish)")
+    if len(stack) > MAX_NOWEB_DEPTH:
+        raise Refusal(book.doc.path, block.line, f"noweb references nested more than "
+                      f"{MAX_NOWEB_DEPTH} deep (Emacs's Lisp stack may not hold them)")
     book.uses[i] = book.uses.get(i, 0) + 1
+    code = body(book, i)
     noweb = parameter(book, i, "noweb", "no")
+    expands = NOWEB_EXPANDS[noweb][0 if top else 1]
     lines = []
-    for k, text in enumerate(body(book, i)):
+    for k, text in enumerate(code):
         org_line = block.body_line + k
-        matches = list(NOWEB.finditer(text)) if noweb != "no" else []
-        if matches and noweb == "tangle" and not top:
-            raise Refusal(book.doc.path, org_line, "a referenced block with :noweb tangle is "
+        matches = list(NOWEB.finditer(text)) if expands is not False else []
+        if matches and expands is None:
+            raise Refusal(book.doc.path, org_line, f"a referenced block with :noweb {noweb} is "
                           "expanded by Org 9.8 but not by 9.5; use :noweb yes")
         if not matches:
             lines.append([Piece(text, "code", i, k, org_line)])
@@ -605,22 +870,34 @@ def expand_reference(book, name, where, stack):
 def link_comment(book, i, target):
     """The ':comments link' lines around block I, in Emacs's exact format."""
     block = book.doc.blocks[i]
-    title = block.heading.title
-    cookies = re.sub(r"\[[0-9]*%\]|\[[0-9]*/[0-9]*\]", "", title)
-    search = block.name or "*" + re.sub(r"[ \t]+", " ", cookies).strip()
-    if not title or any(key.upper() == "CUSTOM_ID" for _, key, _ in block.heading.properties):
+    heading = block.heading
+    if not (block.name or heading.title) or any(key.upper() == "CUSTOM_ID" for _, key, _ in heading.properties):
         raise Refusal(book.doc.path, block.line, ":comments link under a heading with no title "
-                      "or with a CUSTOM_ID is not supported")
-    if re.search(r"[][\\]", search) or "//" in search or {".", ".."} & set(search.split("/")):
+                      "(Org names it 'No heading') or with a CUSTOM_ID (Org links to it) is not supported")
+    search = block.target or block.name or "*" + link_heading(heading.title)
+    name = block.name or f"{heading.title}:{block.number}"
+    if re.search(r"%(start-line|source-name)", search + name):
+        raise Refusal(book.doc.path, block.line, f":comments link: Org would replace the %-key in {search!r}")
+    if re.search(r"[][\\\n]", search) or "//" in search or "/~" in search or {".", ".."} & set(search.split("/")):
         raise Refusal(book.doc.path, block.line, f":comments link: Org would escape the link to {search!r}")
-    name = block.name or f"{title}:{block.number}"
     org = os.path.relpath(book.doc.path, os.path.join(os.path.dirname(book.doc.path), os.path.dirname(target)))
-    start = COMMENT_STARTS[block.language]
-    return f"{start}[[file:{org}::{search}][{name}]]", f"{start}{name} ends here"
+    return (comment_line(block.language, f"[[file:{org}::{search}][{name}]]"),
+            comment_line(block.language, f"{name} ends here"))
+
+def comment_line(language, text):
+    """TEXT commented out as Emacs's comment-region does it for LANGUAGE."""
+    indent = text[: len(text) - len(text.lstrip(" \t"))]
+    return indent + COMMENT_STARTS[language] + text[len(indent):]
+
+def link_heading(title):
+    """The search text Org makes of a heading's title: a leading COMMENT dropped, cookies
+    blanked, blanks squeezed, ends trimmed."""
+    text = re.sub(r"\[[0-9]*(?:%|/[0-9]*)\]", " ", re.sub(r"^COMMENT[ \t]+", "", title))
+    return re.sub(r"[ \t]+", " ", text).strip(" \t\n\r")
 
 def tangle_book(book):
     """Every file the book writes, in the order Emacs writes them."""
-    targets = {}
+    targets, spellings = {}, {}
     for i, block in enumerate(book.doc.blocks):
         heading = block.heading
         if heading and (heading.commented or heading.archived):
@@ -628,7 +905,12 @@ def tangle_book(book):
         value, where = book.params[i]["tangle"]
         if value == "no":
             continue
-        targets.setdefault(tangle_target(book.doc, value, where), []).append(i)
+        path = tangle_target(book.doc, value, where)
+        if spellings.setdefault(path, value) != value:
+            raise Refusal(*where, f":tangle {value} names the same file as :tangle {spellings[path]}; "
+                          "Emacs would write it twice, once for each spelling: write one")
+        check_tangled(book.doc, block, book.params[i])
+        targets.setdefault(path, []).append(i)
     return [assemble(book, path, blocks) for path, blocks in targets.items()]
 
 def assemble(book, path, blocks):
@@ -650,7 +932,7 @@ def assemble(book, path, blocks):
             lines.append([Piece("", "text", i, -1, block.line)])
         if shebang:
             lines.append([Piece(shebang, "text", i, -1, block.line)])
-        comments = parameter(book, i, "comments") == "link"
+        comments = parameter(book, i, "comments") in ("link", "yes")
         if comments:
             begin, end = link_comment(book, i, path)
             lines.append([Piece(begin, "text", i, -1, block.line)])
@@ -662,7 +944,8 @@ def assemble(book, path, blocks):
     if mode is None and parameter(book, first, "shebang"):
         mode = 0o755
     text = "".join(line_text(line) + "\n" for line in lines)
-    return Output(path, lines, text, mode, mkdirp, book.doc.blocks[first].line)
+    return Output(path, lines, text, mode, mkdirp, book.doc.blocks[first].line,
+                  os.path.join(os.path.dirname(book.doc.path), path))
 
 def base_of(org_path):
     """The directory an org file's :tangle paths are relative to."""
@@ -687,20 +970,20 @@ def executable(mode):
     return bool(mode is not None and mode & 0o100)
 
 def read_bytes(path):
-    """A file's bytes, or None when it does not exist."""
+    """A file's bytes, or None when there is no file there (nothing, or a directory)."""
     try:
         with open(path, "rb") as f:
             return f.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
 
-def write_atomically(path, text, mode):
-    """Replace PATH with TEXT so that a crash leaves the old file or the new, never half."""
+def write_atomically(path, data, mode):
+    """Replace PATH with the bytes DATA so that a crash leaves the old file or the new, never half."""
     temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tangle")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(temporary, mode)
@@ -718,30 +1001,53 @@ def file_mode(mode):
     return 0o666 & ~umask
 
 def write_outputs(book, outputs):
-    """Write each output (and the database) whose bytes differ; return the paths written."""
+    """Write each output (and the database) whose bytes differ, set each mode; return the paths written."""
     base = base_of(book.doc.path)
+    files = [(out.path, out.text.encode("utf-8"), file_mode(out.mode), out.mkdirp, out.org_line)
+             for out in outputs]
+    files.append((database_name(book.doc.path), database_text(outputs).encode("utf-8"),
+                  file_mode(None), False, 1))
+    check_writable(book, files)
     written = []
-    files = [(out.path, out.text, out.mode, out.mkdirp, out.org_line) for out in outputs]
-    files.append((database_name(book.doc.path), database_text(outputs), None, False, 1))
+    for path, data, mode, _, _ in files:
+        full = os.path.join(base, path)
+        os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
+        if read_bytes(full) == data:
+            if stat.S_IMODE(os.stat(full).st_mode) != mode:
+                os.chmod(full, mode)
+            continue
+        write_atomically(full, data, mode)
+        written.append(path)
+    return written
+
+def check_writable(book, files):
+    """Refuse, before anything is written, any of FILES that cannot be written as a plain file."""
+    base = base_of(book.doc.path)
+    paths = {path for path, *_ in files}
+    name_max, path_max = os.pathconf(base, "PC_NAME_MAX"), os.pathconf(base, "PC_PATH_MAX")
     made = set()
-    for path, text, mode, mkdirp, org_line in files:
+    for path, _, _, mkdirp, org_line in files:
+        parts, full = path.split("/"), os.path.join(base, path)
+        where = (book.doc.path, org_line)
+        if len(full.encode()) >= path_max or any(len(p.encode()) > name_max for p in parts):
+            raise Refusal(*where, f"{path}: the name is longer than the file system allows")
+        for n in range(1, len(parts)):
+            prefix = "/".join(parts[:n])
+            if prefix in paths or (os.path.lexists(os.path.join(base, prefix))
+                                   and not os.path.isdir(os.path.join(base, prefix))):
+                raise Refusal(*where, f"{path} cannot be written: {prefix} is a file, not a directory")
+        if os.path.isdir(full):
+            raise Refusal(*where, f"{path} cannot be written: it is a directory")
         directory = os.path.dirname(path)
         if directory and directory not in made and not os.path.isdir(os.path.join(base, directory)):
             if not mkdirp:
-                raise Refusal(book.doc.path, org_line, f"directory {directory} does "
-                              "not exist; add :mkdirp yes")
-            parts = directory.split("/")
-            made |= {"/".join(parts[:n]) for n in range(1, len(parts) + 1)}
-    for path, text, mode, mkdirp, org_line in files:
-        full = os.path.join(base, path)
-        os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
-        if read_bytes(full) == text.encode("utf-8"):
-            if executable(os.stat(full).st_mode) != executable(mode):
-                os.chmod(full, file_mode(mode))
-            continue
-        write_atomically(full, text, file_mode(mode))
-        written.append(path)
-    return written
+                raise Refusal(*where, f"directory {directory} does not exist; add :mkdirp yes")
+            made |= {"/".join(parts[:n]) for n in range(1, len(parts))}
+        existing = os.path.dirname(full)
+        while not os.path.isdir(existing):
+            existing = os.path.dirname(existing)
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise Refusal(*where, f"{path} cannot be written: no permission to write in {existing}")
 
 def orphans(book, outputs):
     """Python files the book does not write, in the directories it writes Python into.
@@ -771,8 +1077,11 @@ def read_database(org_path):
         database = json.loads(text)
     except ValueError:
         database = None
-    if not isinstance(database, dict) or not isinstance(database.get("files"), dict):
-        raise Refusal(name, 1, "not a tangle database; delete it and tangle again")
+    files = database.get("files") if isinstance(database, dict) else None
+    if not isinstance(files, dict) or not all(
+            isinstance(record, dict) and isinstance(record.get("sha256"), str) for record in files.values()):
+        raise Refusal(os.path.join(os.path.dirname(org_path), name), 1,
+                      "not a tangle database; delete it and tangle again")
     return database
 
 def origin(line):
@@ -820,12 +1129,12 @@ def check(book, outputs):
     for out in outputs:
         disk = read_bytes(os.path.join(base, out.path))
         if disk is None:
-            problems.append(f"missing: {out.path} (tangled from {name}:{out.org_line})\n")
+            problems.append(f"missing: {out.shown} (tangled from {name}:{out.org_line})\n")
         elif disk != out.text.encode("utf-8"):
-            problems.append(labelled_diff(name, out.path, disk, out))
-        elif executable(os.stat(os.path.join(base, out.path)).st_mode) != executable(out.mode):
-            should = "should" if executable(out.mode) else "should not"
-            problems.append(f"mode: {out.path} {should} be executable ({name}:{out.org_line})\n")
+            problems.append(labelled_diff(name, out.shown, disk, out))
+        elif (actual := stat.S_IMODE(os.stat(os.path.join(base, out.path)).st_mode)) != file_mode(out.mode):
+            problems.append(f"mode: {out.shown} is {actual:04o}, the book gives "
+                            f"{file_mode(out.mode):04o} ({name}:{out.org_line})\n")
     database = database_name(book.doc.path)
     if read_bytes(os.path.join(base, database)) != database_text(outputs).encode("utf-8"):
         problems.append(f"stale: {database} does not match {name}; tangle to rewrite it\n")
@@ -856,38 +1165,74 @@ def what_is(line):
     return "a line the tangler adds (shebang, comment or :noweb-sep)"
 
 def map_edit(book, out, old, new, opcode):
-    """Map one differing stretch of a tangled file to (block, k1, k2, new lines)."""
+    """Map one differing stretch of a tangled file to edits (block, k1, k2, new lines)."""
     _, i1, i2, j1, j2 = opcode
-    refuse = lambda reason: Refusal(out.path, i1 + 1, reason)
-    if i1 < i2:
-        spots = [spot(out.lines[i]) for i in range(i1, i2)]
-        for i, s in zip(range(i1, i2), spots):
-            if s is None:
-                raise Refusal(out.path, i + 1, f"the change touches {what_is(out.lines[i])}")
-        if any(s.block != spots[0].block or s.prefix != spots[0].prefix for s in spots) or [
-            s.k for s in spots] != list(range(spots[0].k, spots[0].k + len(spots))):
-            raise refuse(f"the change spans more than one block "
-                         f"({book.doc.path}:{origin(out.lines[i1])} to :{origin(out.lines[i2 - 1])})")
-        target, k1, k2 = spots[0], spots[0].k, spots[-1].k + 1
-    else:
-        while i1 > 0 and spot(out.lines[i1 - 1]) is None and new[j2 - 1] == old[i1 - 1]:
-            i1, j1, j2 = i1 - 1, j1 - 1, j2 - 1
-        above = spot(out.lines[i1 - 1]) if i1 > 0 else None
-        below = spot(out.lines[i1]) if i1 < len(old) else None
-        if above and below and (above.block, above.k + 1, above.prefix) != (below.block, below.k, below.prefix):
-            raise refuse("lines added between two blocks: it is not clear which block they belong to")
-        target = above or below
-        if target is None:
-            raise refuse("lines added where no block is next to them")
-        k1 = k2 = above.k + 1 if above else below.k
+    if i1 == i2:
+        return [map_insertion(book, out, old, new, i1, j1, j2)]
+    if j1 == j2:
+        check_not_emptied(book, out, i1, i2)
+    for i in range(i1, i2):
+        if spot(out.lines[i]) is None:
+            raise Refusal(out.shown, i + 1, f"the change touches {what_is(out.lines[i])}")
+    runs = block_runs(out, i1, i2)
+    if len(runs) == 1:
+        return [edit(book, out, runs[0], j1, new[j1:j2])]
+    if j2 - j1 not in (0, i2 - i1):
+        raise Refusal(out.shown, i1 + 1, "the change spans more than one block and adds or removes "
+                      f"lines ({book.doc.path}:{origin(out.lines[i1])} to :{origin(out.lines[i2 - 1])}); "
+                      "edit one block at a time")
+    line_for_line = j2 > j1
+    return [edit(book, out, run, j1 + run[0] - i1,
+                 new[j1 + run[0] - i1 : j1 + run[-1] + 1 - i1] if line_for_line else [])
+            for run in runs]
+
+def block_runs(out, i1, i2):
+    """Lines I1..I2 of OUT cut into runs of consecutive lines of one block each (as line index lists)."""
+    runs = []
+    for i in range(i1, i2):
+        here, before = spot(out.lines[i]), spot(out.lines[i - 1]) if runs else None
+        if before and (here.block, here.k, here.prefix) == (before.block, before.k + 1, before.prefix):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+def check_not_emptied(book, out, i1, i2):
+    """Refuse deleting lines I1..I2 of OUT when that deletes every line of a block."""
+    for b in {s.block for i in range(i1, i2) if (s := spot(out.lines[i]))}:
+        lines = [i for i, line in enumerate(out.lines) if any(p.kind == "code" and p.block == b for p in line)]
+        if all(i1 <= i < i2 for i in lines):
+            raise Refusal(out.shown, lines[0] + 1, "the change deletes every line of the block at "
+                          f"{book.doc.path}:{book.doc.blocks[b].line}; delete the block in the book instead")
+
+def map_insertion(book, out, old, new, i1, j1, j2):
+    """Map lines NEW[J1:J2] inserted before line I1 of OUT to one edit."""
+    while i1 > 0 and spot(out.lines[i1 - 1]) is None and new[j2 - 1] == old[i1 - 1]:
+        i1, j1, j2 = i1 - 1, j1 - 1, j2 - 1
+    above = spot(out.lines[i1 - 1]) if i1 > 0 else None
+    below = spot(out.lines[i1]) if i1 < len(old) else None
+    if above and below and (above.block, above.k + 1, above.prefix) != (below.block, below.k, below.prefix):
+        raise Refusal(out.shown, i1 + 1, "lines added between two blocks: it is not clear which block they belong to")
+    if not (above or below):
+        raise Refusal(out.shown, i1 + 1, "lines added where no block is next to them")
+    target = above or below
+    k = above.k + 1 if above else below.k
+    return check_edit(book, out, target, i1, j1, new[j1:j2], k, k)
+
+def edit(book, out, run, j1, lines):
+    """The edit that replaces the block lines of RUN (line indexes of OUT) with LINES (from line J1)."""
+    first, last = spot(out.lines[run[0]]), spot(out.lines[run[-1]])
+    return check_edit(book, out, first, run[0], j1, lines, first.k, last.k + 1)
+
+def check_edit(book, out, target, i, j1, lines, k1, k2):
+    """The edit (block, k1, k2, lines without their prefix) for TARGET's lines K1..K2, or a refusal."""
     uses = book.uses[target.block]
     if uses > 1:
         name = book.doc.blocks[target.block].name or "a :noweb-ref block"
-        raise refuse(f"the change is inside {name}, which is expanded in {uses} places")
-    lines = new[j1:j2]
-    for j, line in zip(range(j1, j2), lines):
+        raise Refusal(out.shown, i + 1, f"the change is inside {name}, which is expanded in {uses} places")
+    for j, line in enumerate(lines, j1):
         if not line.startswith(target.prefix):
-            raise Refusal(out.path, j + 1, f"the line must start with the noweb prefix {target.prefix!r}")
+            raise Refusal(out.shown, j + 1, f"the line must start with the noweb prefix {target.prefix!r}")
     return target.block, k1, k2, [line[len(target.prefix):] for line in lines]
 
 def escape(line):
@@ -921,43 +1266,44 @@ def detangle(path):
                 or hashlib.sha256(disk).hexdigest() == record["sha256"]):
             continue
         if sha256(out.text) != record["sha256"]:
-            raise Refusal(out.path, 1, f"both {path} and {out.path} changed since the last tangle; "
+            raise Refusal(out.shown, 1, f"both {path} and {out.shown} changed since the last tangle; "
                           "keep one side's change (git diff shows both) and run again")
         try:
             text = disk.decode("utf-8")
         except UnicodeDecodeError:
-            raise Refusal(out.path, 1, "not UTF-8")
+            raise Refusal(out.shown, 1, "not UTF-8")
         if not text.endswith("\n"):
-            raise Refusal(out.path, text.count("\n") + 1, "no newline at the end of the file")
+            raise Refusal(out.shown, text.count("\n") + 1, "no newline at the end of the file")
         old = [line_text(line) for line in out.lines]
         new = text[:-1].split("\n")
         matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
-        edits += [map_edit(book, out, old, new, op) for op in matcher.get_opcodes() if op[0] != "equal"]
+        edits += [e for op in matcher.get_opcodes() if op[0] != "equal" for e in map_edit(book, out, old, new, op)]
         edited.append(out.path)
         expected[out.path] = text
     if not edits:
         return []
-    text = "\n".join(write_back(book, edits))
-    check_written_back(path, text, expected)
-    write_atomically(path, text, os.stat(path).st_mode & 0o7777)
+    layout = book.doc.layout
+    data = (layout.bom + layout.newline.join(write_back(book, edits))).encode("utf-8")
+    check_written_back(path, data, expected)
+    write_atomically(path, data, stat.S_IMODE(os.stat(path).st_mode))
     book = open_book(path)
     write_outputs(book, tangle_book(book))
     return edited
 
-def check_written_back(path, text, expected):
-    """Refuse a write-back unless the new org TEXT tangles to exactly the EXPECTED files.
+def check_written_back(path, data, expected):
+    """Refuse a write-back unless the new org DATA tangles to exactly the EXPECTED files.
 
     EXPECTED holds the edited files as they are on disk, and every other
     file as the book wrote it before.
     """
     try:
-        produced = {out.path: out.text for out in tangle_book(open_book(path, text))}
+        produced = {out.path: out.text for out in tangle_book(open_book(path, data))}
     except Refusal as refusal:
         raise Refusal(path, refusal.line, f"the edit cannot be written back: {refusal}")
     for name, wanted in expected.items():
         if produced.get(name) != wanted:
-            raise Refusal(name, 1, "the edit cannot be written back so that tangling "
-                          "reproduces this file exactly")
+            raise Refusal(os.path.join(os.path.dirname(path), name), 1, "the edit cannot be "
+                          "written back so that tangling reproduces this file exactly")
 
 class OneLineErrors(argparse.ArgumentParser):
     def error(self, message):
@@ -987,6 +1333,9 @@ def main(argv=None):
             status |= run(path, args)
         except Refusal as refusal:
             print(refusal, file=sys.stderr)
+            status = 1
+        except OSError as error:
+            print(f"{error.filename or path}: {error.strerror}", file=sys.stderr)
             status = 1
     return status
 

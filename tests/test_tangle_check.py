@@ -7,6 +7,7 @@ import difflib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -262,13 +263,40 @@ def test_check_reports_a_missing_file(book):
     assert re.search(r"^missing: pkg/esc\.py\b", result.stdout, re.M), result.stdout
 
 
-def test_check_reports_a_wrong_executable_bit(book):
-    os.chmod(book / "bin/tool", 0o644)
-    os.chmod(book / "pkg/mod.py", 0o755)
+def default_mode():
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@pytest.mark.parametrize("path, mode", [
+    ("bin/tool", 0o644),   # the executable bit lost
+    ("bin/tool", 0o775),   # still executable, but not the mode the shebang gives
+    ("pkg/mod.py", 0o755),
+])
+def test_check_reports_a_wrong_mode_and_tangle_restores_it(book, path, mode):
+    wanted = 0o755 if path == "bin/tool" else default_mode()
+    os.chmod(book / path, mode)
     result = check(book)
     assert result.returncode == 1
-    assert re.search(r"^mode: bin/tool should be executable", result.stdout, re.M), result.stdout
-    assert re.search(r"^mode: pkg/mod\.py should not be executable", result.stdout, re.M), result.stdout
+    assert re.search(rf"^mode: {re.escape(path)} is {mode:04o}, the book gives {wanted:04o} "
+                     r"\(book\.org:\d+\)$", result.stdout, re.M), result.stdout
+    assert tangle(book, "book.org").returncode == 0
+    assert stat.S_IMODE(os.stat(book / path).st_mode) == wanted
+    assert check(book).returncode == 0
+
+
+def test_a_changed_tangle_mode_is_applied_to_an_existing_file(tmp_path):
+    org = "* A\n#+begin_src sh :tangle run.sh :tangle-mode (identity #o700)\necho hi\n#+end_src\n"
+    write(tmp_path / "book.org", org)
+    assert tangle(tmp_path, "book.org").returncode == 0
+    assert stat.S_IMODE(os.stat(tmp_path / "run.sh").st_mode) == 0o700
+    write(tmp_path / "book.org", org.replace("#o700", "#o750"))
+    result = check(tmp_path)
+    assert result.returncode == 1 and "mode: run.sh is 0700, the book gives 0750" in result.stdout
+    assert tangle(tmp_path, "book.org").returncode == 0
+    assert stat.S_IMODE(os.stat(tmp_path / "run.sh").st_mode) == 0o750
+    assert check(tmp_path).returncode == 0
 
 
 def test_check_writes_nothing(book):
@@ -348,7 +376,8 @@ def test_check_fails_on_a_stale_database(book):
     assert check(book).returncode == 0
 
 
-@pytest.mark.parametrize("content", ["garbage\n", "[]\n"])
+@pytest.mark.parametrize("content", ["garbage\n", "[]\n", '{"files": {"pkg/mod.py": 5}}\n',
+                                     '{"files": {"pkg/mod.py": {"sha256": null}}}\n'])
 def test_a_corrupt_database_is_reported_without_a_traceback(book, content):
     write(book / DATABASE, content)
     result = check(book)
@@ -387,6 +416,47 @@ def test_retangle_keeps_the_mtime_of_unchanged_files(book):
     after = tree(book)
     changed = sorted(p for p in after if after[p][0] is not None and after[p][2] != before[p][2])
     assert changed == sorted(["book.org", DATABASE, "pkg/listed.py"])
+
+
+@pytest.mark.parametrize("prepare, message", [
+    (lambda root: (root / "out").mkdir(), "out cannot be written: it is a directory"),
+    (lambda root: write(root / "pkg", "a file\n"), "pkg/mod.py cannot be written: pkg is a file"),
+    (lambda root: (root / "pkg").mkdir(mode=0o500), "no permission to write in"),
+], ids=["target-is-a-directory", "parent-is-a-file", "read-only-directory"])
+def test_a_target_that_cannot_be_written_is_refused_before_anything_is_written(tmp_path, prepare, message):
+    if message.startswith("no permission") and os.geteuid() == 0:
+        pytest.skip("root may write in a read-only directory")
+    write(tmp_path / "book.org", "* A\n#+begin_src python :tangle first.py\nx = 1\n#+end_src\n"
+          "#+begin_src python :tangle pkg/mod.py :mkdirp yes\ny = 2\n#+end_src\n"
+          "#+begin_src python :tangle out\nz = 3\n#+end_src\n")
+    prepare(tmp_path)
+    before = tree(tmp_path)
+    result = tangle(tmp_path, "book.org")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert re.match(r"book\.org:\d+: ", result.stderr) and message in result.stderr, result.stderr
+    assert tree(tmp_path) == before, "a refusal wrote something"
+
+
+def test_check_reports_a_directory_where_a_file_belongs(book):
+    (book / "pkg/esc.py").unlink()
+    (book / "pkg/esc.py").mkdir()
+    result = check(book)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert re.search(r"^missing: pkg/esc\.py\b", result.stdout, re.M), result.stdout
+
+
+def test_noweb_references_nested_too_deep_are_refused(tmp_path):
+    """Emacs's stack gives out somewhere beyond 150 levels; we stop at 100, without a traceback."""
+    lines = ["* A"]
+    for k in range(102):
+        lines += [f"#+NAME: n{k}", "#+begin_src python :tangle no :noweb yes",
+                  f"<<n{k + 1}>>" if k < 101 else "x = 1", "#+end_src"]
+    lines += ["#+begin_src python :tangle a.py :noweb yes", "<<n0>>", "#+end_src"]
+    write(tmp_path / "book.org", "\n".join(lines) + "\n")
+    result = tangle(tmp_path, "book.org")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "nested more than 100 deep" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["book.org"]
 
 
 # ---------------------------------------------------------------- --detangle
@@ -536,6 +606,63 @@ def test_detangle_edits_in_two_blocks_and_two_files(book):
     ]
 
 
+def test_detangle_edits_on_adjacent_lines_of_two_unpadded_blocks(book):
+    # "    return 2" ends a block and "def third():" starts the next (:padline no):
+    # each edit alone is written back, and so are both together.
+    edit = lambda root: replace_once(root / "pkg/mod.py", "    return 2\ndef third():\n",
+                                     "    return 20\ndef third_():\n")
+    before, after = detangle_round_trip(book, edit)
+    assert [(o, n) for _, o, n in org_changes(before, after)] == [
+        (["    return 2"], ["    return 20"]), (["def third():"], ["def third_():"])]
+
+
+def test_detangle_deletes_lines_at_the_end_of_one_block_and_the_start_of_the_next(tmp_path):
+    write(tmp_path / "book.org", "* A\n#+begin_src python :tangle a.py\na = 1\nb = 2\n#+end_src\n"
+          "#+begin_src python :tangle a.py :padline no\nc = 3\nd = 4\n#+end_src\n")
+    assert tangle(tmp_path, "book.org").returncode == 0
+    before, after = detangle_round_trip(tmp_path, lambda root: write(root / "a.py", "a = 1\nd = 4\n"))
+    assert [(o, n) for _, o, n in org_changes(before, after)] == [(["b = 2"], []), (["c = 3"], [])]
+
+
+NOWEB_REF_BOOK = """* A
+#+begin_src python :tangle no :noweb-ref part
+first_part = 1
+#+end_src
+#+begin_src python :tangle no :noweb-ref part
+second_part = 2
+more = 3
+#+end_src
+#+begin_src python :tangle a.py :noweb yes
+def f():
+    <<part>>
+#+end_src
+"""
+
+
+@pytest.mark.parametrize("sep", ["", ' :noweb-sep "\\n# sep\\n"'], ids=["default-sep", "comment-sep"])
+def test_detangle_the_first_line_of_a_later_noweb_ref_part(tmp_path, sep):
+    write(tmp_path / "book.org", NOWEB_REF_BOOK.replace(":noweb-ref part\nfirst", f":noweb-ref part{sep}\nfirst"))
+    assert tangle(tmp_path, "book.org").returncode == 0
+    edit = lambda root: replace_once(root / "a.py", "    second_part = 2\n", "    second_part = 22\n")
+    before, after = detangle_round_trip(tmp_path, edit)
+    assert [(o, n) for _, o, n in org_changes(before, after)] == [(["second_part = 2"], ["second_part = 22"])]
+
+
+@pytest.mark.parametrize("bom, newline", [("", "\r\n"), ("\ufeff", "\n"), ("\ufeff", "\r")],
+                         ids=["crlf", "bom", "bom-cr"])
+def test_detangle_keeps_the_byte_order_mark_and_the_line_ends(tmp_path, bom, newline):
+    org = "* A\n#+begin_src python :tangle a.py\nx = 1\ny = 2\n#+end_src\n"
+    (tmp_path / "book.org").write_bytes((bom + org.replace("\n", newline)).encode("utf-8"))
+    assert tangle(tmp_path, "book.org").returncode == 0
+    assert read(tmp_path / "a.py") == "x = 1\ny = 2\n"
+    replace_once(tmp_path / "a.py", "y = 2\n", "y = 3\n")
+    result = tangle(tmp_path, "--detangle", "book.org")
+    assert result.returncode == 0, result.stderr
+    expected = bom + org.replace("y = 2", "y = 3").replace("\n", newline)
+    assert (tmp_path / "book.org").read_bytes() == expected.encode("utf-8")
+    assert check(tmp_path).returncode == 0
+
+
 def test_detangle_with_nothing_edited_changes_nothing(book):
     age(book)
     before = tree(book)
@@ -550,9 +677,13 @@ def edit_noweb_used_twice(root):
     replace_once(root / "pkg/mod.py", "    TWICE = 2\n", "    TWICE = 3\n")
 
 
-def edit_two_blocks(root):
+def edit_two_blocks_and_add_a_line(root):
     # "    return 2" ends a block and "def third():" starts the next (:padline no).
-    replace_once(root / "pkg/mod.py", "    return 2\ndef third():\n", "    return 20\ndef third_():\n")
+    replace_once(root / "pkg/mod.py", "    return 2\ndef third():\n", "    return 20\n# new\ndef third_():\n")
+
+
+def delete_a_whole_block(root):
+    replace_once(root / "pkg/mod.py", "\ndef fourth():\n    # to delete\n    return 4\n", "")
 
 
 def edit_padding(root):
@@ -589,7 +720,8 @@ def edit_shebang(root):
 
 @pytest.mark.parametrize("edit, message", [
     (edit_noweb_used_twice, r"twice.*2 places"),
-    (edit_two_blocks, r"more than one block"),
+    (edit_two_blocks_and_add_a_line, r"more than one block and adds or removes lines"),
+    (delete_a_whole_block, r"deletes every line of the block at book\.org:\d+; delete the block in the book"),
     (edit_padding, r"blank line Org puts between two blocks"),
     (insert_between_unpadded_blocks, r"between two blocks"),
     (edit_both_sides, r"both .*changed"),
