@@ -84,8 +84,10 @@ def alive(pid):
 def sessions(tmp_path):
     sessions = Sessions(tmp_path)
     yield sessions
-    for pid_file in sorted(sessions.directory.glob("*.pid")):
-        sessions.bridge("--session", pid_file.stem, "--stop")
+    for pid_file in sorted(sessions.directory.rglob("*.pid")):
+        scoped = pid_file.parent != sessions.directory  # a session of an org file: its test stops it
+        if not scoped:
+            sessions.bridge("--session", pid_file.stem, "--stop")
     left = [pid for pid in sessions.kernel_processes() if alive(pid)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
@@ -138,9 +140,10 @@ def test_a_session_whose_kernel_died_starts_a_new_one_and_says_so(sessions):
 def test_a_block_past_its_timeout_is_interrupted_and_the_session_goes_on(sessions):
     result = sessions.bridge("--session", "t", "--kernel", "python3", "--timeout", "1",
                              block="import time\nprint('started', flush=True)\nx = 5\ntime.sleep(60)\n")
-    assert result.returncode == 2
-    # What the block printed, then how the kernel took the interrupt.
+    assert result.returncode == 3
+    # What the block printed, how the kernel took the interrupt, and what stopped it.
     assert result.stdout.startswith("started\n") and "KeyboardInterrupt" in result.stdout, result.stdout
+    assert result.stdout.endswith("\n[the block ran for more than 1 s and was interrupted]\n")
     assert result.stderr == "mlplcode.babel: the block ran for more than 1 s and was interrupted\n"
     after = sessions.bridge("--session", "t", "--kernel", "python3", block="print(x)")
     assert (after.returncode, after.stdout) == (0, "5\n"), after.stderr
@@ -158,11 +161,14 @@ def test_an_interrupted_bridge_interrupts_the_block_and_the_session_goes_on(sess
         time.sleep(0.05)
     started = time.monotonic()
     bridge.send_signal(signal.SIGINT)
-    assert bridge.wait(timeout=20) == 2
+    time.sleep(0.2)
+    bridge.send_signal(signal.SIGINT)  # a second interrupt while the bridge reports the first is ignored
+    assert bridge.wait(timeout=20) == 3
     assert time.monotonic() - started < 10
     with bridge.stdout, bridge.stderr:
         output = bridge.stdout.read()
         assert output.startswith("started\n") and "KeyboardInterrupt" in output, output
+        assert output.endswith("\n[interrupted; the kernel was interrupted too]\n")
         assert bridge.stderr.read() == "mlplcode.babel: interrupted; the kernel was interrupted too\n"
     after = sessions.bridge("--session", "i", "--kernel", "python3", block="print(x)")
     assert (after.returncode, after.stdout) == (0, "7\n"), after.stderr
@@ -280,7 +286,8 @@ def test_org_blocks_run_in_their_sessions_and_write_results(sessions):
     org = sessions.cwd / "py.org"
     org.write_text(PYTHON_BLOCKS, encoding="utf-8")
     emacs = run_emacs(sessions, org.name, """(org-babel-execute-buffer)
-      (ob-mlplcode-stop-session "py")""")
+      (ob-mlplcode-stop-session "py")
+      (ob-mlplcode-stop-session "default")""")
     assert emacs.returncode == 0, emacs.stderr[-3000:]
     assert "session py: stopped its kernel" in emacs.stderr
     assert "the block ended in an error" in emacs.stderr
@@ -289,7 +296,9 @@ def test_org_blocks_run_in_their_sessions_and_write_results(sessions):
     assert error.startswith("ünïcode ✓\n") and error.endswith("ZeroDivisionError: division by zero")
     # A bare :session is the session "default", whose kernel runs in the org file's folder.
     assert cwd == str(sessions.cwd)
-    assert sorted(p.name for p in sessions.directory.glob("*.pid")) == ["default.pid"]
+    # The sessions belong to the org file: their files were in a folder of its own, and nowhere else.
+    assert [p.is_dir() and len(p.name) for p in sessions.directory.iterdir()] == [16]
+    assert "session default: stopped its kernel" in emacs.stderr
 
 
 def test_a_failing_bridge_stops_the_buffer_with_its_message(sessions):
