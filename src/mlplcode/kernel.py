@@ -309,7 +309,7 @@ class MlplcodeKernel(Kernel):
 
     def view_runs(self):
         directory = runs_directory()
-        runs = runs_on_disk(directory)
+        runs = list(runs_on_disk(directory))
         return [("title", "", f"{len(runs)} runs in {directory}, the last written first")] + [
             ("block", os.path.basename(journal).removesuffix(".jsonl"), run_summary(journal, state))
             for journal, state in runs]
@@ -373,19 +373,17 @@ def settings_view(settings):
     return view + ([("line", "task", settings["task"])] if settings["task"] else [])
 
 def runs_on_disk(directory):
-    """[(journal, its state, or why it cannot be read)] for the journals in DIRECTORY, the last written first."""
+    """Each journal in DIRECTORY with its state, or why it cannot be read, the last written first."""
     try:
         entries = [entry for entry in os.scandir(directory) if entry.name.endswith(".jsonl") and entry.is_file()]
     except FileNotFoundError:
-        return []
+        return
     entries.sort(key=lambda entry: (entry.stat().st_mtime_ns, entry.name), reverse=True)
-    runs = []
     for entry in entries:
         try:
-            runs.append((entry.path, fold(read_events(entry.path))))
+            yield entry.path, fold(read_events(entry.path))
         except (OSError, ValueError) as error:
-            runs.append((entry.path, str(error)))
-    return runs
+            yield entry.path, str(error)
 
 def goes_on(state):
     return state.stop is None or state.stop["reason"] == "interrupted"
@@ -396,10 +394,11 @@ def run_summary(journal, state):
     if isinstance(state, str):
         return f"unreadable: {state}"
     start, stop = state.start, state.stop
-    how = (f"{stop['reason']}" if stop else "none yet") + (" (unfinished: %resume takes it up)" if goes_on(state) else "")
+    how = (stop["reason"] if stop else "none yet") + (" (unfinished: %resume takes it up)" if goes_on(state) else "")
     root = start["root"] + ("" if os.path.isdir(start["root"]) else " (gone)")
-    return "\n".join([f"task: {start['task'].splitlines()[0] if start['task'] else ''}", f"root: {root}",
-                      f"steps: {len(state.steps)} of {state.budget}", f"stop: {how}", f"journal: {journal}"])
+    task = (start["task"].splitlines() or [""])[0]
+    return "\n".join([f"task: {task}", f"root: {root}", f"steps: {len(state.steps)} of {state.budget}",
+                      f"stop: {how}", f"journal: {journal}"])
 
 
 def unfinished_journal(directory):
