@@ -17,6 +17,7 @@ from jupyter_client.manager import start_new_kernel
 from conftest import install_kernelspec
 from mlplcode import Agent
 from mlplcode.kernel import COMMANDS, help_view
+from mlplcode.policy import DEFAULT_POLICY
 from mlplcode.show import as_text
 
 install_kernelspec()  # before any kernel test class is set up
@@ -114,11 +115,17 @@ def test_the_add_mul_task_with_one_ask_approved_and_one_denied_by_a_cell(kernel,
     assert kinds(kernel.ok("%run")) == ["step", "step", "step", "ask"]
     assert "%approve" in kernel.error("%step")
     shown = kernel.ok("%approve")
-    assert kinds(shown) == ["step"] and "patched calc.py" in text(shown)
+    assert kinds(shown) == ["decision"] and "patched calc.py" in text(shown)
+    # The decision and what came of it, not the step and its diff again (the cell above shows them).
+    assert text(shown).splitlines()[:2] == ["step 3: PATCH calc.py",
+                                            "verdict: ask (PATCH calc.py is write: ask), approved by the human"]
+    assert "reply:" not in text(shown) and "+def mul" not in text(shown)
     shown = kernel.ok("%step")
     assert "waiting: %approve or %deny [reason]" in text(shown)
     assert "+def test_mul():" in shown[0]["content"]["data"]["text/plain"]  # the WRITE as a diff
-    assert "DECLINED" in text(kernel.ok("%deny patch the test file instead"))
+    shown = kernel.ok("%deny patch the test file instead")
+    assert kinds(shown) == ["decision"] and "DECLINED" in text(shown) and "declined by the human" in text(shown)
+    assert "+def test_mul" not in text(shown)
     prompt = text(kernel.ok("%show prompt"))
     assert "NOTE FROM THE HUMAN: patch the test file instead" in prompt
     kernel.ok("%step")
@@ -148,7 +155,9 @@ def journal_of(kernel):
 
 def test_a_bare_deny_ends_the_run(kernel, project, replies):
     kernel.ok(f"%root {project}\n%model scripted:{replies}\n%task Add mul\n%step 3")
-    assert "stop: denied: step 3: the human declined PATCH calc.py" in text(kernel.ok("%deny"))
+    shown = kernel.ok("%deny")
+    assert kinds(shown) == ["decision", "stop"]
+    assert "stop: denied: step 3: the human declined PATCH calc.py" in text(shown)
     assert "%task TEXT" in kernel.error("%step")
 
 
@@ -278,13 +287,17 @@ def test_an_interrupt_stops_the_run_and_resume_takes_it_up(project, tmp_path, sl
     try:
         url = f"http://127.0.0.1:{slow_server.server_port}/v1"
         kernel.ok(f"%root {project}\n%model openai:slow@{url} --grammar none --context 4096\n%task Add mul")
-        kernel.client.execute("%step")
+        request = kernel.client.execute("%step")
         assert slow_server.asked.wait(TIMEOUT)
         interrupted = time.monotonic()
         kernel.manager.interrupt_kernel()
         reply = kernel.client.get_shell_msg(timeout=TIMEOUT)["content"]
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
         assert time.monotonic() - interrupted < 5
+        # The cell shows how the run stands after the interrupt, then the error.
+        outputs = outputs_of(kernel, request)
+        assert [m["msg_type"] for m in outputs] == ["display_data", "error"]
+        assert kinds(outputs[:1]) == ["state"] and "stop: interrupted" in text(outputs[:1])
         assert kernel.manager.is_alive()
         state = text(kernel.ok("%show state"))
         assert "steps: 0 of 20" in state and "stop: interrupted" in state  # nothing of the cut step recorded
@@ -294,6 +307,19 @@ def test_an_interrupt_stops_the_run_and_resume_takes_it_up(project, tmp_path, sl
         assert "READ calc.py" in text(kernel.ok("%step"))
     finally:
         kernel.close()
+
+
+def outputs_of(kernel, request):
+    """The outputs of the cell sent as REQUEST, read from the output channel until the kernel is idle."""
+    outputs = []
+    while True:
+        message = kernel.client.get_iopub_msg(timeout=TIMEOUT)
+        if message["parent_header"].get("msg_id") != request:
+            continue
+        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+            return outputs
+        if message["msg_type"] in ("stream", "display_data", "execute_result", "error"):
+            outputs.append(message)
 
 
 def processes_marked(mark):
@@ -362,3 +388,103 @@ def test_fork_makes_the_branch_the_run_and_show_tree_draws_both(kernel, project,
     assert text(kernel.ok("%step")).endswith("waiting: %approve or %deny [reason]")  # step 3 asks again
     tree = text(kernel.ok("%show tree"))
     assert f"parent: {parent} (branched before step 3)" in tree and f"this run: {branch}" in tree
+
+
+# --- settings, runs on disk, and taking one up -----------------------------
+
+def test_the_state_before_a_run_is_the_settings_as_commands_write_them(kernel, project):
+    before = text(kernel.ok("%show state"))
+    assert before.splitlines() == [
+        "root: none yet: use %root DIR or %root --copy DIR", "model: none yet: use %model SPEC",
+        "budget: 20 steps", "policy: " + " ".join(f"{k}={v}" for k, v in DEFAULT_POLICY.items()),
+        "run: none yet: use %task TEXT to start one, or %resume [JOURNAL]"], before
+    kernel.ok(f"%root {project}\n%model echo --context 4096 --timeout 30\n%policy run=allow\n%task --next Add mul")
+    after = text(kernel.ok("%show state"))
+    assert f"root: {project}" in after and "model: echo --context 4096 --timeout 30" in after
+    assert "run=allow" in after and "task: Add mul" in after
+    assert "None" not in before + after and "{" not in before + after
+
+
+def test_task_next_keeps_the_task_for_a_bare_task_cell(kernel, project):
+    assert "%task --next TEXT" in kernel.error("%task --next")
+    assert "%task needs a task" in kernel.error("%task")
+    kernel.ok(f"%root {project}\n%model echo")
+    assert text(kernel.ok("%task --next Add mul\n%task --next Add div")) == (
+        "task of the next run: Add mul\n\ntask of the next run: Add div\n")
+    assert "task: Add div" in text(kernel.ok("%task"))
+
+
+def start_runs(tmp_path, project, replies, state):
+    """Two runs in a kernel of its own, under the state directory STATE: one finished, one waiting at an ask."""
+    env = {**os.environ, "XDG_STATE_HOME": str(state)}
+    first = Kernel(tmp_path, env=env)
+    try:
+        first.ok(f"%root {project}\n%model scripted:{replies}\n%task Look and stop\n%step 3\n%deny")
+        done = journal_of(first)
+        first.ok(f"%model scripted:{replies}\n%task Add mul\n%step 3")
+        waiting = journal_of(first)
+    finally:
+        first.close()
+    return env, done, waiting
+
+
+def test_resume_alone_in_a_new_kernel_takes_up_the_unfinished_run_last_written(project, replies, tmp_path):
+    env, done, waiting = start_runs(tmp_path, project, replies, tmp_path / "state")
+    os.utime(done)  # the finished run is the one written last; it is not taken up
+    kernel = Kernel(tmp_path, env=env)
+    try:
+        runs = text(kernel.ok("%show runs"))
+        assert runs.startswith(f"2 runs in {tmp_path / 'state' / 'mlplcode' / 'runs'}, the last written first")
+        assert runs.index(done) < runs.index(waiting)
+        assert "task: Look and stop" in runs and "stop: denied\n" in runs + "\n"
+        assert "steps: 3 of 20\n    stop: none yet (unfinished: %resume takes it up)" in runs
+        shown = kernel.ok("%resume")
+        assert kinds(shown) == ["state", "step", "ask"]
+        assert f"journal: {waiting}" in text(shown) and "task: Add mul" in text(shown)
+        assert "patched calc.py" in text(kernel.ok("%approve"))
+    finally:
+        kernel.close()
+
+
+def test_resume_alone_refuses_when_no_run_can_go_on(project, replies, tmp_path):
+    env, done, waiting = start_runs(tmp_path, project, replies, tmp_path / "state")
+    shutil.rmtree(project)  # the waiting run's project is gone: nothing is left to take up
+    kernel = Kernel(tmp_path, env=env)
+    try:
+        assert f"root: {project} (gone)" in text(kernel.ok("%show runs"))
+        assert kernel.error("%resume") == (
+            f"no unfinished run in {tmp_path / 'state' / 'mlplcode' / 'runs'} to take up: %show runs lists the"
+            " runs there, %resume JOURNAL takes up one of them, %task TEXT starts a new one")
+        # Named, the journal is refused in the one line the agent gives.
+        assert kernel.error(f"%resume {waiting}") == f"{waiting}: the run's project {project} is gone"
+    finally:
+        kernel.close()
+
+
+def test_show_runs_lists_an_unreadable_journal_with_its_reason(kernel, tmp_path):
+    runs = tmp_path / "state" / "mlplcode" / "runs"
+    runs.mkdir(parents=True)
+    (runs / "broken.jsonl").write_text("not json\n")
+    kernel.close()
+    kernel.__init__(tmp_path, env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")})
+    shown = text(kernel.ok("%show runs"))
+    assert "1 runs in" in shown and "broken:\n    unreadable: " in shown and "line 1: not JSON" in shown
+
+
+# --- highlighting ----------------------------------------------------------
+
+def test_the_kernel_names_a_lexer_that_pygments_finds(kernel):
+    from pygments.lexers import get_lexer_by_name
+    from pygments.token import Keyword, Name, Operator, String, Text
+    kernel.client.kernel_info()
+    info = kernel.client.get_shell_msg(timeout=TIMEOUT)["content"]["language_info"]
+    assert (info["pygments_lexer"], info["codemirror_mode"]) == ("mlplcode", "text/plain")
+    lexer = get_lexer_by_name(info["pygments_lexer"])  # through the entry point pyproject.toml declares
+    tokens = [(kind, value) for kind, value in lexer.get_tokens("%root --copy add\n%policy write=ask\n%%task\nAdd mul\n")
+              if value.strip()]
+    assert tokens == [(Keyword, "%root"), (Name.Attribute, "--copy"), (String, "add"), (Keyword, "%policy"),
+                      (Name.Variable, "write"), (Operator, "="),
+                      (Name.Constant, "ask"), (Keyword, "%%task"), (String, "\nAdd mul\n")]
+    for name in COMMANDS:
+        assert next(iter(lexer.get_tokens(f"%{name} x"))) == (Keyword, f"%{name}")
+    assert list(lexer.get_tokens("Keep add.\n%step\n")) == [(Text, "Keep add.\n%step\n")]  # a note, whole

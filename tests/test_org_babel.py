@@ -9,14 +9,21 @@ Every test runs with its own Jupyter runtime directory, so its sessions are
 its own, and the `sessions` fixture stops them at the end and fails the test
 if any kernel process is left.
 """
+import fcntl
 import json
 import os
+import pty
 import re
+import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
+import termios
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -84,8 +91,10 @@ def alive(pid):
 def sessions(tmp_path):
     sessions = Sessions(tmp_path)
     yield sessions
-    for pid_file in sorted(sessions.directory.glob("*.pid")):
-        sessions.bridge("--session", pid_file.stem, "--stop")
+    for pid_file in sorted(sessions.directory.rglob("*.pid")):
+        scoped = pid_file.parent != sessions.directory  # a session of an org file: its test stops it
+        if not scoped:
+            sessions.bridge("--session", pid_file.stem, "--stop")
     left = [pid for pid in sessions.kernel_processes() if alive(pid)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
@@ -138,9 +147,10 @@ def test_a_session_whose_kernel_died_starts_a_new_one_and_says_so(sessions):
 def test_a_block_past_its_timeout_is_interrupted_and_the_session_goes_on(sessions):
     result = sessions.bridge("--session", "t", "--kernel", "python3", "--timeout", "1",
                              block="import time\nprint('started', flush=True)\nx = 5\ntime.sleep(60)\n")
-    assert result.returncode == 2
-    # What the block printed, then how the kernel took the interrupt.
+    assert result.returncode == 3
+    # What the block printed, how the kernel took the interrupt, and what stopped it.
     assert result.stdout.startswith("started\n") and "KeyboardInterrupt" in result.stdout, result.stdout
+    assert result.stdout.endswith("\n[the block ran for more than 1 s and was interrupted]\n")
     assert result.stderr == "mlplcode.babel: the block ran for more than 1 s and was interrupted\n"
     after = sessions.bridge("--session", "t", "--kernel", "python3", block="print(x)")
     assert (after.returncode, after.stdout) == (0, "5\n"), after.stderr
@@ -158,11 +168,14 @@ def test_an_interrupted_bridge_interrupts_the_block_and_the_session_goes_on(sess
         time.sleep(0.05)
     started = time.monotonic()
     bridge.send_signal(signal.SIGINT)
-    assert bridge.wait(timeout=20) == 2
+    time.sleep(0.2)
+    bridge.send_signal(signal.SIGINT)  # a second interrupt while the bridge reports the first is ignored
+    assert bridge.wait(timeout=20) == 3
     assert time.monotonic() - started < 10
     with bridge.stdout, bridge.stderr:
         output = bridge.stdout.read()
         assert output.startswith("started\n") and "KeyboardInterrupt" in output, output
+        assert output.endswith("\n[interrupted; the kernel was interrupted too]\n")
         assert bridge.stderr.read() == "mlplcode.babel: interrupted; the kernel was interrupted too\n"
     after = sessions.bridge("--session", "i", "--kernel", "python3", block="print(x)")
     assert (after.returncode, after.stdout) == (0, "7\n"), after.stderr
@@ -280,7 +293,8 @@ def test_org_blocks_run_in_their_sessions_and_write_results(sessions):
     org = sessions.cwd / "py.org"
     org.write_text(PYTHON_BLOCKS, encoding="utf-8")
     emacs = run_emacs(sessions, org.name, """(org-babel-execute-buffer)
-      (ob-mlplcode-stop-session "py")""")
+      (ob-mlplcode-stop-session "py")
+      (ob-mlplcode-stop-session "default")""")
     assert emacs.returncode == 0, emacs.stderr[-3000:]
     assert "session py: stopped its kernel" in emacs.stderr
     assert "the block ended in an error" in emacs.stderr
@@ -289,7 +303,9 @@ def test_org_blocks_run_in_their_sessions_and_write_results(sessions):
     assert error.startswith("ünïcode ✓\n") and error.endswith("ZeroDivisionError: division by zero")
     # A bare :session is the session "default", whose kernel runs in the org file's folder.
     assert cwd == str(sessions.cwd)
-    assert sorted(p.name for p in sessions.directory.glob("*.pid")) == ["default.pid"]
+    # The sessions belong to the org file: their files were in a folder of its own, and nowhere else.
+    assert [p.is_dir() and len(p.name) for p in sessions.directory.iterdir()] == [16]
+    assert "session default: stopped its kernel" in emacs.stderr
 
 
 def test_a_failing_bridge_stops_the_buffer_with_its_message(sessions):
@@ -368,3 +384,158 @@ def test_org_file_steps_the_agent(sessions):
     assert "nothing is waiting for a decision" in nothing
     assert "the block ended in an error" in emacs.stderr
     assert "session agent: stopped its kernel" in emacs.stderr
+
+
+# ---------------------------------------------------------------- sessions per file, asking, stopping
+
+def test_two_org_files_with_the_same_session_name_run_two_kernels(sessions):
+    for name, block in (("a.org", "x = 'a'\nprint(x)"), ("b.org", "print(x)")):
+        (sessions.cwd / name).write_text(f"#+begin_src mlplcode :session s :kernel python3\n{block}\n#+end_src\n")
+    body = """(org-babel-execute-buffer) (save-buffer)
+      (find-file "b.org") (org-babel-execute-buffer) (save-buffer)
+      (ob-mlplcode-stop-session "s") (find-file "a.org") (ob-mlplcode-stop-session "s")"""
+    emacs = run_emacs(sessions, "a.org", body)
+    assert emacs.returncode == 0, emacs.stderr[-3000:]
+    assert results((sessions.cwd / "a.org").read_text()) == ["a"]
+    assert "NameError: name 'x' is not defined" in results((sessions.cwd / "b.org").read_text())[0]
+    assert emacs.stderr.count("session s: stopped its kernel") == 2
+
+
+def run_emacs_as_told(sessions, org_name, body, answers):
+    """Batch Emacs with the lines `--init` prints, and ANSWERS typed to Org's questions on standard input."""
+    require_tool("emacs", "org-babel blocks run through ob-mlplcode.el")
+    init = subprocess.run([sys.executable, "-m", "mlplcode.babel", "--init"], capture_output=True, text=True,
+                          check=True, env=sessions.env).stdout
+    (sessions.cwd / "init.el").write_text(init)
+    program = f"""(progn (find-file {json.dumps(org_name)})
+      (condition-case failure (progn {body})
+        (error (message "signalled: %s" (error-message-string failure)) (kill-emacs 3)))
+      (save-buffer))"""
+    return subprocess.run(["emacs", "--batch", "-Q", "-l", "init.el", "--eval", program], input=answers,
+                          capture_output=True, text=True, env=sessions.env, cwd=sessions.cwd, timeout=TIMEOUT)
+
+
+def test_init_lines_let_stepping_blocks_run_without_asking(sessions):
+    shutil.copytree(EXAMPLES / "add", sessions.cwd / "add")
+    shutil.copy(EXAMPLES / "add.journal.jsonl", sessions.cwd / "add.journal.jsonl")
+    install_mlplcode_kernel(sessions)
+    org = sessions.cwd / "steps.org"
+    org.write_text(AGENT_BLOCKS.replace("%root add", "%root --copy add").replace(
+        "#+begin_src mlplcode :session agent\n%approve\n#+end_src\n\n#+begin_src mlplcode :session agent\n%show",
+        "#+begin_src mlplcode :session agent :kernel python3\nprint('a note to Org, Python to Python')\n#+end_src\n\n"
+        "#+begin_src mlplcode :session agent\n%approve\n#+end_src\n\n#+begin_src mlplcode :session agent\n%show"))
+    # One question for the block that sets the run up (yes), one for the block in another kernel (no);
+    # a third question would find no answer, and Emacs would fail.
+    emacs = run_emacs_as_told(sessions, org.name, """(org-babel-execute-buffer)
+      (ob-mlplcode-stop-session "agent")""", "yes\nno\n")
+    assert emacs.returncode == 0, emacs.stderr[-3000:]
+    assert (emacs.stdout + emacs.stderr).count("Evaluate this mlplcode code block") == 2, emacs.stdout
+    assert "Evaluation of this mlplcode code block is aborted" in emacs.stderr
+    found = results(org.read_text())
+    assert len(found) == 7 and "+def mul(a, b):" in found[3] and "patched calc.py" in found[4]
+    assert "def mul" not in (sessions.cwd / "add" / "calc.py").read_text()  # the copy was patched, not add/
+
+
+def install_mlplcode_kernel(sessions):
+    """Install the kernel as the README says, under a prefix that only this test's JUPYTER_PATH sees."""
+    prefix = sessions.cwd / "prefix"
+    install = subprocess.run([sys.executable, "-m", "mlplcode.cli", "kernel", "install", "--prefix", str(prefix)],
+                             capture_output=True, text=True, env=sessions.env, timeout=TIMEOUT)
+    assert install.returncode == 0, install.stderr
+    sessions.env["JUPYTER_PATH"] = str(prefix / "share" / "jupyter")
+
+
+def test_a_block_past_its_timeout_has_results_and_stops_the_buffer(sessions):
+    org = sessions.cwd / "slow.org"
+    org.write_text("#+begin_src mlplcode :session t :kernel python3\nimport time\nprint('started', flush=True)\n"
+                   "time.sleep(60)\n#+end_src\n\n#+begin_src mlplcode :session t :kernel python3\nprint('next')\n"
+                   "#+end_src\n")
+    emacs = run_emacs(sessions, org.name, """(setq ob-mlplcode-timeout 2)
+      (unwind-protect (org-babel-execute-buffer) (save-buffer) (ob-mlplcode-stop-session "t"))""")
+    assert emacs.returncode == 3, emacs.stderr[-3000:]
+    assert "signalled: mlplcode: mlplcode.babel: the block ran for more than 2 s and was interrupted" in emacs.stderr
+    (slow,) = results(org.read_text())  # the second block did not run
+    assert slow.startswith("started\n") and "KeyboardInterrupt" in slow
+    assert slow.endswith("[the block ran for more than 2 s and was interrupted]")
+
+
+class HeldChat(BaseHTTPRequestHandler):
+    """A chat-completions server that holds every request until the test ends."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.asked.set()
+        self.server.release.wait(TIMEOUT)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_c_g_in_emacs_writes_what_happened_as_the_results(sessions):
+    """C-g typed at a terminal Emacs, on a pseudo-terminal, while %step waits for the model."""
+    require_tool("emacs", "C-g in Emacs while a block runs")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), HeldChat)
+    server.asked, server.release = threading.Event(), threading.Event()
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
+    shutil.copytree(EXAMPLES / "add", sessions.cwd / "add")
+    install_mlplcode_kernel(sessions)
+    org = sessions.cwd / "cg.org"
+    url = f"http://127.0.0.1:{server.server_port}/v1"
+    org.write_text(f"#+begin_src mlplcode :session cg\n%root --copy add\n%model openai:held@{url} --grammar none"
+                   " --context 4096\n%task Add mul\n#+end_src\n\n#+begin_src mlplcode :session cg\n%step\n#+end_src\n\n"
+                   "#+begin_src mlplcode :session cg\n%show state\n#+end_src\n")
+    init = subprocess.run([sys.executable, "-m", "mlplcode.babel", "--init"], capture_output=True, text=True,
+                          check=True, env=sessions.env).stdout
+    (sessions.cwd / "init.el").write_text(init + "(setq org-confirm-babel-evaluate nil)\n")
+    program = """(progn (find-file "cg.org")
+      (condition-case nil (org-babel-execute-buffer) (quit (write-region "quit" nil "quit-seen")))
+      (save-buffer) (ob-mlplcode-stop-session "cg") (kill-emacs 0))"""
+    env = {key: value for key, value in sessions.env.items() if "proxy" not in key.lower()}
+    pid, terminal = pty.fork()
+    if pid == 0:
+        os.chdir(sessions.cwd)
+        os.execvpe("emacs", ["emacs", "-nw", "-Q", "-l", "init.el", "--eval", program], {**env, "TERM": "xterm"})
+    try:
+        fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        screen = Screen(terminal)
+        assert server.asked.wait(TIMEOUT), "the step never asked the model"
+        screen.read(1)
+        os.write(terminal, b"\x07")  # C-g
+        _, status = screen.wait_exit(pid, TIMEOUT)
+        assert os.waitstatus_to_exitcode(status) == 0, screen.text[-2000:]
+    finally:
+        server.release.set()
+        server.shutdown()
+        server.server_close()
+    assert (sessions.cwd / "quit-seen").read_text() == "quit"  # the quit went on, after the results
+    settings, step = results(org.read_text())  # the block after the interrupted one did not run
+    assert "task: Add mul" in settings
+    assert "steps: 0 of 20" in step and "stop: interrupted: the human stopped the run after step 0" in step
+    assert "KeyboardInterrupt: interrupted; the run stopped as interrupted" in step
+    assert step.endswith("[interrupted; the kernel was interrupted too]")
+
+
+class Screen:
+    """What a program on a pseudo-terminal writes, read so that it never blocks on a full terminal."""
+
+    def __init__(self, terminal):
+        self.terminal, self.text = terminal, ""
+
+    def read(self, seconds):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if select.select([self.terminal], [], [], 0.05)[0]:
+                try:
+                    self.text += os.read(self.terminal, 65536).decode("utf-8", "replace")
+                except OSError:
+                    return
+
+    def wait_exit(self, pid, seconds):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return done, status
+            self.read(0.1)
+        os.kill(pid, signal.SIGKILL)
+        return os.waitpid(pid, 0)

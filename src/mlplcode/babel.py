@@ -1,13 +1,16 @@
 """Org-babel's bridge to Jupyter: run a block in its session's kernel, kept alive between blocks.
 
-    python3 -m mlplcode.babel [--session NAME] [--kernel NAME] [--timeout SECONDS] < BLOCK
-    python3 -m mlplcode.babel --session NAME --stop
+    python3 -m mlplcode.babel [--session NAME] [--org-file FILE] [--kernel NAME] [--timeout SECONDS]
+                              [--output FILE] < BLOCK
+    python3 -m mlplcode.babel --session NAME [--org-file FILE] --stop
     python3 -m mlplcode.babel --lisp-file
+    python3 -m mlplcode.babel --init
 
 This file is tangled from mlplcode.org (chapter "Org-babel"); edit the book,
 not this file.
 """
 import argparse
+import hashlib
 import json
 import os
 import queue
@@ -44,12 +47,15 @@ class Session:
     pid_file: str
     log_file: str
 
-def find_session(name):
-    """The files of session NAME, in a private folder of Jupyter's runtime directory."""
+def find_session(name, org_file=None):
+    """The files of session NAME of ORG_FILE (or of no file), in a private folder of Jupyter's runtime directory."""
     if not SESSION_NAME.fullmatch(name):
         raise BridgeError(f"session {name!r}: a session name is letters, digits and . _ + -")
     directory = os.path.join(os.path.realpath(jupyter_runtime_dir()), "mlplcode-babel")
     os.makedirs(directory, mode=0o700, exist_ok=True)
+    if org_file:
+        directory = os.path.join(directory, hashlib.sha256(os.fsencode(os.path.realpath(org_file))).hexdigest()[:16])
+        os.makedirs(directory, mode=0o700, exist_ok=True)
     base = os.path.join(directory, name)
     return Session(name, base + ".json", base + ".pid", base + ".log")
 
@@ -218,6 +224,7 @@ def execute(session, client, code, timeout, outputs):
     except KeyboardInterrupt:
         stopped = "interrupted"
     if stopped:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         interrupt(session, client)
         collect(client, request, ANSWER_TIMEOUT, outputs)
         return stopped
@@ -263,7 +270,7 @@ def interrupt(session, client):
         if pid:
             os.killpg(pid, signal.SIGINT)
 
-def run_block(session, kernel, timeout):
+def run_block(session, kernel, timeout, output):
     code = sys.stdin.buffer.read().decode("utf-8")
     client, restarted = attach(session, kernel)
     outputs = Outputs()
@@ -274,12 +281,22 @@ def run_block(session, kernel, timeout):
     text = outputs.text()
     if restarted:
         text = f"[session {session.name}: its kernel had stopped; this block ran in a new one]\n" + text
-    sys.stdout.buffer.write(visible(text).encode("utf-8"))
-    if status == "timeout":
-        raise BridgeError(f"the block ran for more than {timeout:g} s and was interrupted")
-    if status == "interrupted":
-        raise BridgeError("interrupted; the kernel was interrupted too")
+    if status in ("timeout", "interrupted"):
+        stopped = (f"the block ran for more than {timeout:g} s and was interrupted" if status == "timeout"
+                   else "interrupted; the kernel was interrupted too")
+        write_text(visible(text) + f"[{stopped}]\n", output)
+        print(f"mlplcode.babel: {stopped}", file=sys.stderr)
+        return 3
+    write_text(visible(text), output)
     return 0 if status == "ok" else 1
+
+def write_text(text, output):
+    """TEXT, as UTF-8, to the file OUTPUT, or to standard output when there is none."""
+    if output:
+        with open(output, "wb") as file:
+            file.write(text.encode("utf-8"))
+    else:
+        sys.stdout.buffer.write(text.encode("utf-8"))
 
 def wait_gone(session, pid, seconds):
     deadline = time.monotonic() + seconds
@@ -315,18 +332,32 @@ def stop(session, *, keep_log=False):
 def lisp_file():
     return str(resources.files("mlplcode") / "ob-mlplcode.el")
 
+def init_lines():
+    """The lines for Emacs's init file that load ob-mlplcode.el and run its bridge with this Python."""
+    return "\n".join([";; mlplcode's org-babel blocks (these lines are printed by python3 -m mlplcode.babel --init)",
+                      f"(setq ob-mlplcode-python {lisp_string(sys.executable)})",
+                      f"(load {lisp_string(lisp_file())})",
+                      "(ob-mlplcode-allow-stepping-blocks)", ""])
+
+
+def lisp_string(text):
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python3 -m mlplcode.babel",
         description="Run the cells read from standard input in the Jupyter kernel of an org-babel session.")
     parser.add_argument("--session", default="default", metavar="NAME", help="the session (default: default)")
+    parser.add_argument("--org-file", metavar="FILE", help="the org file the session belongs to (default: none)")
     parser.add_argument("--kernel", default="mlplcode", metavar="NAME",
                         help="the kernel a new session starts (default: mlplcode)")
     parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help=f"interrupt a block that runs longer (default: {DEFAULT_TIMEOUT})")
+    parser.add_argument("--output", metavar="FILE", help="write the block's text to FILE (default: standard output)")
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--stop", action="store_true", help="stop the session's kernel")
     action.add_argument("--lisp-file", action="store_true", help="print where ob-mlplcode.el is")
+    action.add_argument("--init", action="store_true", help="print the lines for Emacs's init file")
     return parser
 
 def seconds(text):
@@ -341,22 +372,23 @@ def seconds(text):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        if args.lisp_file:
-            print(lisp_file())
+        if args.lisp_file or args.init:
+            print(lisp_file() if args.lisp_file else init_lines(), end="\n" if args.lisp_file else "")
             return 0
-        session = find_session(args.session)
+        session = find_session(args.session, args.org_file)
         if args.stop:
             pid = stop(session)
-            print(f"session {session.name}: stopped its kernel (pid {pid})" if pid
-                  else f"session {session.name}: no kernel was running")
+            write_text(f"session {session.name}: stopped its kernel (pid {pid})\n" if pid
+                       else f"session {session.name}: no kernel was running\n", args.output)
             return 0
-        return run_block(session, args.kernel, args.timeout)
+        return run_block(session, args.kernel, args.timeout, args.output)
     except BridgeError as error:
         print(f"mlplcode.babel: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        write_text("[interrupted before the block reached the kernel; nothing ran]\n", args.output)
         print("mlplcode.babel: interrupted", file=sys.stderr)
-        return 2
+        return 3
 
 
 if __name__ == "__main__":

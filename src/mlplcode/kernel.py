@@ -10,11 +10,12 @@ from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel
 
 from . import __version__
-from .agent import Agent, AgentError
-from .journal import DEFAULT_BUDGET, read_events, waiting_step
+from .agent import Agent, AgentError, runs_directory
+from .journal import DEFAULT_BUDGET, fold, read_events, waiting_step
 from .models import SPEC_KINDS, ModelError, model_from_spec
 from .policy import DEFAULT_POLICY, merge_policy
-from .show import as_text, bundle, compact_view, note_view, policy_view, prompt_view, state_view
+from .show import (as_text, bundle, compact_view, note_view, policy_view, prompt_view, state_view,
+                   step_title, verdict_text)
 from .transcript import save, transcript_view
 from .trust import visible
 
@@ -24,7 +25,8 @@ COMMANDS = {
               f"the next run's model: {SPEC_KINDS}; the options as for mlplcode run"),
     "budget": ("N", "the next run takes at most N model turns"),
     "policy": ("CATEGORY=VERDICT ...", "change the next run's policy, e.g. write=ask run=allow"),
-    "task": ("TEXT", "start a run with TEXT as its task (%%task: the task is the rest of the cell)"),
+    "task": ("TEXT | --next TEXT", "start a run with TEXT as its task (%%task: the task is the rest of the"
+             " cell); --next TEXT keeps TEXT as the next run's task, and %task alone starts that run"),
     "step": ("[N]", "take up to N steps (default 1), stopping early at an ask or at the end of the run"),
     "run": ("", "take steps until an ask or the end of the run"),
     "approve": ("", "carry out the action that waits for a decision (a DONE: accept it although the"
@@ -32,15 +34,17 @@ COMMANDS = {
     "deny": ("[REASON]", "decline the action that waits: with a REASON the model reads it and the run"
              " goes on; without one the run ends (denied), except at a DONE, which is refused and the"
              " run goes on"),
-    "show": ("state|prompt|transcript|policy|journal|tree", "show how the run stands, or part of it"),
+    "show": ("state|prompt|transcript|policy|journal|tree|runs",
+             "show how the run stands, or part of it; runs: the runs kept in the runs directory"),
     "save": ("FILE.ipynb|FILE.org|FILE.md", "write the run's transcript, rendered from its journal"),
     "compact": ("", "fold the steps so far into a summary that stands for them in the prompt"),
     "fork": ("N", "branch the run before its step N, in a copy of its project; the branch becomes the run"),
     "resume": ("[JOURNAL]", "take up the run recorded in JOURNAL where it stopped; without JOURNAL,"
-               " take up this run again after an interrupt"),
+               " this kernel's run after an interrupt, or, in a kernel with no run yet, the unfinished"
+               " run last written in the runs directory"),
     "help": ("[COMMAND]", "list the commands, or explain one"),
 }
-SHOW_TOPICS = ("state", "prompt", "transcript", "policy", "journal", "tree")
+SHOW_TOPICS = ("state", "prompt", "transcript", "policy", "journal", "tree", "runs")
 KERNEL_WORDS = {"step": "%step", "decide": "%approve or %deny [reason]", "start": "%task TEXT",
                 "resume": "%resume"}
 
@@ -101,12 +105,13 @@ class MlplcodeKernel(Kernel):
     implementation = "mlplcode"
     implementation_version = __version__
     banner = "mlplcode: a coding agent, one step per cell (%help lists the commands)"
-    language_info = {"name": "mlplcode", "mimetype": "text/plain", "file_extension": ".txt"}
+    language_info = {"name": "mlplcode", "mimetype": "text/plain", "file_extension": ".txt",
+                     "pygments_lexer": "mlplcode", "codemirror_mode": "text/plain"}
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.settings = {"root": None, "model": None, "model_options": {}, "budget": DEFAULT_BUDGET,
-                         "policy": DEFAULT_POLICY}
+                         "policy": DEFAULT_POLICY, "task": None}
         self.agent = None
         self.silent = False
 
@@ -118,6 +123,8 @@ class MlplcodeKernel(Kernel):
             for name, argument in parse_cell(code):
                 getattr(self, "command_" + name)(argument)
         except KeyboardInterrupt:
+            if self.agent:
+                self.show(self.state_view(), "state")
             return self.fail("KeyboardInterrupt", "interrupted; the run stopped as interrupted, and the"
                              " journal keeps it as far as it got: %resume takes it up again")
         except AgentError as error:
@@ -161,6 +168,12 @@ class MlplcodeKernel(Kernel):
         for kind, number, view in report.views(KERNEL_WORDS):
             self.show(view, kind, number)
 
+    def show_decision(self, report):
+        for kind, number, view in report.views(KERNEL_WORDS):
+            if kind == "step":
+                kind, view = "decision", decision_view(report.state.steps[number - 1])
+            self.show(view, kind, number)
+
     def command_root(self, argument):
         """%root DIR, or %root --copy DIR."""
         copy = argument.startswith("--copy ")
@@ -199,12 +212,19 @@ class MlplcodeKernel(Kernel):
         self.say("policy: " + " ".join(f"{k}={v}" for k, v in self.settings["policy"].items()))
 
     def command_task(self, argument):
-        if not argument:
+        if argument == "--next" or argument.startswith("--next "):
+            self.settings["task"] = argument.removeprefix("--next").strip() or None
+            if self.settings["task"] is None:
+                raise UsageError("%task --next needs the task: %task --next TEXT")
+            self.say(f"task of the next run: {self.settings['task']}")
+            return
+        task = argument or self.settings["task"]
+        if not task:
             raise UsageError("%task needs a task: %task TEXT, or %%task with the task on the lines below")
         for name in ("root", "model"):
             if self.settings[name] is None:
                 raise UsageError(f"no {name} for the run yet: use %{name} {COMMANDS[name][0]} first")
-        self.agent = Agent.start(argument, self.settings["root"], self.settings["model"],
+        self.agent = Agent.start(task, self.settings["root"], self.settings["model"],
                                  budget=self.settings["budget"], policy=self.settings["policy"],
                                  model_options=self.settings["model_options"], on_retry=self.warn)
         self.show(self.state_view(), "task")
@@ -228,10 +248,10 @@ class MlplcodeKernel(Kernel):
 
     def command_approve(self, argument):
         self.no_argument("approve", argument)
-        self.show_report(self.current().approve())
+        self.show_decision(self.current().approve())
 
     def command_deny(self, argument):
-        self.show_report(self.current().deny(argument))
+        self.show_decision(self.current().deny(argument))
 
     def command_note(self, text):
         self.current().note(text)
@@ -253,6 +273,8 @@ class MlplcodeKernel(Kernel):
     def command_resume(self, argument):
         if argument:
             self.agent = Agent(argument, on_retry=self.warn)
+        elif self.agent is None:
+            self.agent = Agent(unfinished_journal(runs_directory()), on_retry=self.warn)
         if self.current().state.stop is None or self.agent.state.stop["reason"] == "interrupted":
             self.agent.resume()
         self.show(self.state_view(), "state")
@@ -268,8 +290,8 @@ class MlplcodeKernel(Kernel):
     def view_state(self):
         if self.agent:
             return self.state_view()
-        return [("line", name, str(value)) for name, value in self.settings.items()] + [
-            ("line", "run", "none yet: use %task TEXT to start one, or %resume JOURNAL")]
+        return settings_view(self.settings) + [
+            ("line", "run", "none yet: use %task TEXT to start one, or %resume [JOURNAL]")]
 
     def view_prompt(self):
         return prompt_view(self.current().prompt())
@@ -287,6 +309,13 @@ class MlplcodeKernel(Kernel):
     def view_tree(self):
         from .branch import tree_view
         return tree_view(self.current().journal)
+
+    def view_runs(self):
+        directory = runs_directory()
+        runs = list(runs_on_disk(directory))
+        return [("title", "", f"{len(runs)} runs in {directory}, the last written first")] + [
+            ("block", os.path.basename(journal).removesuffix(".jsonl"), run_summary(journal, state))
+            for journal, state in runs]
 
     def command_save(self, path):
         steps = save(self.current().journal, path)
@@ -328,7 +357,60 @@ class MlplcodeKernel(Kernel):
             return {"status": "incomplete", "indent": ""}
         return {"status": "complete"}
 
+def decision_view(step):
+    """A decided step: its title, its verdict with the human's decision, and its observation."""
+    view = [("title", "", f"step {step.number}: {step_title(step)}"), ("line", "verdict", verdict_text(step))]
+    if step.observation:
+        view.append(("block", "observation", step.observation["text"]))
+    return view
+
 MODEL_OPTIONS = {"--grammar": ("grammar", str), "--context": ("context", int), "--timeout": ("timeout", float)}
+
+def settings_view(settings):
+    """The settings of the next run, in the words of the commands that set them."""
+    options = "".join(f" --{name} {value}" for name, value in settings["model_options"].items())
+    view = [("line", "root", settings["root"] or "none yet: use %root DIR or %root --copy DIR"),
+            ("line", "model", settings["model"] + options if settings["model"] else "none yet: use %model SPEC"),
+            ("line", "budget", f"{settings['budget']} steps"),
+            ("line", "policy", " ".join(f"{category}={verdict}" for category, verdict in settings["policy"].items()))]
+    return view + ([("line", "task", settings["task"])] if settings["task"] else [])
+
+def runs_on_disk(directory):
+    """Each journal in DIRECTORY with its state, or why it cannot be read, the last written first."""
+    try:
+        entries = [entry for entry in os.scandir(directory) if entry.name.endswith(".jsonl") and entry.is_file()]
+    except FileNotFoundError:
+        return
+    entries.sort(key=lambda entry: (entry.stat().st_mtime_ns, entry.name), reverse=True)
+    for entry in entries:
+        try:
+            yield entry.path, fold(read_events(entry.path))
+        except (OSError, ValueError) as error:
+            yield entry.path, str(error)
+
+def goes_on(state):
+    return state.stop is None or state.stop["reason"] == "interrupted"
+
+
+def run_summary(journal, state):
+    """The lines that %show runs gives a run: task, project, steps, stop and journal."""
+    if isinstance(state, str):
+        return f"unreadable: {state}"
+    start, stop = state.start, state.stop
+    how = (stop["reason"] if stop else "none yet") + (" (unfinished: %resume takes it up)" if goes_on(state) else "")
+    root = start["root"] + ("" if os.path.isdir(start["root"]) else " (gone)")
+    task = (start["task"].splitlines() or [""])[0]
+    return "\n".join([f"task: {task}", f"root: {root}", f"steps: {len(state.steps)} of {state.budget}",
+                      f"stop: {how}", f"journal: {journal}"])
+
+
+def unfinished_journal(directory):
+    """The journal of the unfinished run last written in DIRECTORY whose project is still there."""
+    for journal, state in runs_on_disk(directory):
+        if not isinstance(state, str) and goes_on(state) and os.path.isdir(state.start["root"]):
+            return journal
+    raise UsageError(f"no unfinished run in {directory} to take up: %show runs lists the runs there,"
+                     " %resume JOURNAL takes up one of them, %task TEXT starts a new one")
 
 if __name__ == "__main__":
     IPKernelApp.launch_instance(kernel_class=MlplcodeKernel)

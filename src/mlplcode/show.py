@@ -154,7 +154,7 @@ DIFF_COLOURS = {"+": "#116329", "-": "#a40e26", "@": "#0550ae"}
 
 def as_html(view):
     """VIEW as an HTML fragment: a bold title, labelled lines, and blocks in <pre>."""
-    parts = ['<div class="mlplcode">']
+    parts = ['<div class="mlplcode" style="font-family: monospace">']
     for kind, label, text in safe_view(view):
         if kind == "title":
             parts.append(f"<p><strong>{html.escape(text)}</strong></p>")
