@@ -108,13 +108,25 @@ FEW_VALUES = 200
 SHORTEST_LOOKED_FOR = 6
 
 
+@functools.lru_cache(maxsize=4)
+def values_by_start(values):
+    """VALUES, a frozenset, filed by their first SHORTEST_LOOKED_FOR characters; and those shorter."""
+    filed, short = {}, []
+    for value in values:
+        if len(value) < SHORTEST_LOOKED_FOR:
+            short.append(value)
+        else:
+            filed.setdefault(value[:SHORTEST_LOOKED_FOR], []).append(value)
+    return filed, short
+
+
 def possible_values(text, values):
     """Those of VALUES that may occur in TEXT: all of few; of many, those whose start does."""
     if len(values) <= FEW_VALUES:
         return values
+    filed, short = values_by_start(values)
     starts = {text[at:at + SHORTEST_LOOKED_FOR] for at in range(len(text) - SHORTEST_LOOKED_FOR + 1)}
-    return [value for value in values if len(value) < SHORTEST_LOOKED_FOR
-            or value[:SHORTEST_LOOKED_FOR] in starts]
+    return short + [value for start in starts & filed.keys() for value in filed[start]]
 
 
 def replace_values(text, values):
