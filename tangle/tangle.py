@@ -4,6 +4,7 @@
 This file is tangled from mlplcode.org (chapter "The tangler"); edit the
 book, not this file, or edit this file and run --detangle.
 """
+
 import argparse
 import bisect
 import difflib
@@ -69,6 +70,7 @@ class Document:
 
 BOM = "\ufeff"
 
+
 def read_org(path, data=None):
     """The lines of an Org file (DATA, or the file at PATH) as Emacs reads them, and its Layout."""
     if data is None:
@@ -78,13 +80,20 @@ def read_org(path, data=None):
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data[: error.start].count(b"\n") + 1
-        raise Refusal(path, line, f"byte 0x{data[error.start]:02X} is not UTF-8; Emacs "
-                      "would guess another encoding: save the file as UTF-8")
+        raise Refusal(
+            path,
+            line,
+            f"byte 0x{data[error.start]:02X} is not UTF-8; Emacs "
+            "would guess another encoding: save the file as UTF-8",
+        )
     bom = BOM if text.startswith(BOM) else ""
-    text = text[len(bom):]
+    text = text[len(bom) :]
     if "\0" in text:
-        raise Refusal(path, text[: text.index("\0")].count("\n") + 1,
-                      "a NUL character: Emacs reads the file as binary")
+        raise Refusal(
+            path,
+            text[: text.index("\0")].count("\n") + 1,
+            "a NUL character: Emacs reads the file as binary",
+        )
     newline = line_end(path, text)
     return text.split(newline), Layout(bom, newline)
 
@@ -98,26 +107,41 @@ def line_end(path, text):
         return "\n"
     for number, end in enumerate(ends, 2):
         if end.group() != first.group():
-            raise Refusal(path, number, "this line ends differently from line 1 "
-                          "(\\r\\n, \\n or \\r): Emacs then keeps each \\r as part of "
-                          "its line; use one kind of line end")
+            raise Refusal(
+                path,
+                number,
+                "this line ends differently from line 1 "
+                "(\\r\\n, \\n or \\r): Emacs then keeps each \\r as part of "
+                "its line; use one kind of line end",
+            )
     return first.group()
 
-ODD_BLANK = re.compile("[\v\f\x1c-\x1f\x85\xa0\u1680\u2000-\u200b\u2028\u2029\u202f\u205f\u3000\ufeff]")
+ODD_BLANK = re.compile(
+    "[\v\f\x1c-\x1f\x85\xa0\u1680\u2000-\u200b\u2028\u2029\u202f\u205f\u3000\ufeff]"
+)
 EMACS_BLANKS = " \t\f\xa0\u2000-\u200b\u202f\u205f\u3000"
+
 
 def check_blanks(path, number, line):
     """Refuse a structural line holding a blank other than space and tab."""
     if odd := ODD_BLANK.search(line):
         name = unicodedata.name(odd.group(), "a control character")
-        raise Refusal(path, number, f"{name} (U+{ord(odd.group()):04X}) in a line Org parses: "
-                      "Org's patterns take it for a blank in some places and not in others; "
-                      "write a space")
+        raise Refusal(
+            path,
+            number,
+            f"{name} (U+{ord(odd.group()):04X}) in a line Org parses: "
+            "Org's patterns take it for a blank in some places and not in others; "
+            "write a space",
+        )
 
 HEADING = re.compile(r"\*+ ")
-BEGIN_SRC = re.compile(rf"[ \t]*#\+begin_src(?![^{EMACS_BLANKS}])(?: +([^ \t]+))?(.*)", re.I)
+BEGIN_SRC = re.compile(
+    rf"[ \t]*#\+begin_src(?![^{EMACS_BLANKS}])(?: +([^ \t]+))?(.*)", re.I
+)
 END_SRC = re.compile(r"[ \t]*#\+end_src[ \t]*", re.I)
-BEGIN_RAW = re.compile(rf"[ \t]*#\+begin_(example|export|comment|verse)(?![^{EMACS_BLANKS}])", re.I)
+BEGIN_RAW = re.compile(
+    rf"[ \t]*#\+begin_(example|export|comment|verse)(?![^{EMACS_BLANKS}])", re.I
+)
 BEGIN_LATEX = re.compile(r"[ \t]*\\begin\{([A-Za-z0-9*]+)\}", re.I)
 KEYWORD = re.compile(r"[ \t]*#\+([^ \t]*):[ \t]*(.*)")
 PROPERTY_LINE = re.compile(r"[ \t]*:([^ \t]+):(?:([ \t]+)(.*?))?[ \t]*")
@@ -130,20 +154,33 @@ MAY_BE_KEYWORD = re.compile(r"[ \t]*#")
 
 AFFILIATED = re.compile(
     r"[ \t]*#\+(?:(CAPTION|RESULTS)(?:\[.*\])?|(DATA|HEADERS?|LABEL|NAME|PLOT|RESNAME|RESULT"
-    r"|SOURCE|SRCNAME|TBLNAME)|(ATTR_[-_A-Za-z0-9]+)):[ \t]*(.*?)[ \t]*", re.I)
+    r"|SOURCE|SRCNAME|TBLNAME)|(ATTR_[-_A-Za-z0-9]+)):[ \t]*(.*?)[ \t]*",
+    re.I,
+)
 OLD_NAMES = ("data", "label", "resname", "source", "srcname", "tblname")
 
-COMPLEX_HEADING = re.compile(r"(\*+)(?: +(?:TODO|DONE))?(?: +\[#.\])?(?: +(.*?))??"
-                             r"(?:[ \t]+(:[^ \t]+:))?[ \t]*")
-UNTAGGED_HEADING = re.compile(r"(\*+)(?: +(?:TODO|DONE))?(?: +\[#.\])?(?: +(.*?))??()[ \t]*")
+COMPLEX_HEADING = re.compile(
+    r"(\*+)(?: +(?:TODO|DONE))?(?: +\[#.\])?(?: +(.*?))??"
+    r"(?:[ \t]+(:[^ \t]+:))?[ \t]*"
+)
+UNTAGGED_HEADING = re.compile(
+    r"(\*+)(?: +(?:TODO|DONE))?(?: +\[#.\])?(?: +(.*?))??()[ \t]*"
+)
 
 ALNUM_CATEGORIES = {"Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nl", "Nd"}
 
+
 def is_tag_text(text):
     """Whether TEXT (colons included) matches Org's [[:alnum:]_@#%:]+ as Emacs reads it."""
-    return all(ch in ":_@#%" or (ch.isalnum() if ch.isascii()
-                                  else unicodedata.category(ch) in ALNUM_CATEGORIES)
-               for ch in text)
+    return all(
+        ch in ":_@#%"
+        or (
+            ch.isalnum()
+            if ch.isascii()
+            else unicodedata.category(ch) in ALNUM_CATEGORIES
+        )
+        for ch in text
+    )
 
 def parse_heading(number, line, parent):
     m = COMPLEX_HEADING.fullmatch(line)
@@ -154,8 +191,13 @@ def parse_heading(number, line, parent):
     while parent and parent.level >= level:
         parent = parent.parent
     return Heading(
-        line=number, level=level, title=title, tags=tags, parent=parent,
-        commented=bool(title and re.match(r"COMMENT(?: |$)", title)) or bool(parent and parent.commented),
+        line=number,
+        level=level,
+        title=title,
+        tags=tags,
+        parent=parent,
+        commented=bool(title and re.match(r"COMMENT(?: |$)", title))
+        or bool(parent and parent.commented),
         archived="ARCHIVE" in tags or bool(parent and parent.archived),
     )
 
@@ -177,11 +219,15 @@ def parse_document(path, data=None):
             heading = parse_heading(number, line, heading)
             doc.headings.append(heading)
             open_ends = []
-            i = read_property_drawer(path, lines, after_planning(lines, i + 1), heading.properties)
+            i = read_property_drawer(
+                path, lines, after_planning(lines, i + 1), heading.properties
+            )
         elif m := BEGIN_RAW.match(line):
             end = re.compile(rf"[ \t]*#\+end_{m.group(1)}[ \t]*", re.I)
             i = skip_raw(doc, i, i + 1, end.fullmatch, f"#+begin_{m.group(1)}", limit)
-        elif (m := BEGIN_LATEX.match(line)) and (end := latex_end(lines, i, m.group(1), limit)):
+        elif (m := BEGIN_LATEX.match(line)) and (
+            end := latex_end(lines, i, m.group(1), limit)
+        ):
             i = skip_raw(doc, i, i, end.search, f"\\begin{{{m.group(1)}}}", limit)
         elif BEGIN_SRC.match(line):
             block, i = read_block(doc, i, heading, limit)
@@ -192,8 +238,12 @@ def parse_document(path, data=None):
             if m := KEYWORD.fullmatch(line):
                 check_keyword(doc, number, m.group(1).lower(), m.group(2).strip(" \t"))
             elif PROPERTIES_START.fullmatch(line):
-                raise Refusal(path, number, "Org reads a property drawer only right under a "
-                              "heading or at the very top of the file (after # comment lines)")
+                raise Refusal(
+                    path,
+                    number,
+                    "Org reads a property drawer only right under a "
+                    "heading or at the very top of the file (after # comment lines)",
+                )
             i += 1
     first_heading_drawer(path, doc.headings)
     return doc
@@ -203,8 +253,12 @@ def first_heading_drawer(path, headings):
     if headings and headings[0].line == 1:
         for line, key, _ in headings[0].properties:
             if key.lower().startswith("header-args"):
-                raise Refusal(path, line, "a heading on line 1 makes Org 9.5 apply its "
-                              "header-args to the whole file; put a line such as #+TITLE first")
+                raise Refusal(
+                    path,
+                    line,
+                    "a heading on line 1 makes Org 9.5 apply its "
+                    "header-args to the whole file; put a line such as #+TITLE first",
+                )
 
 def read_file_drawer(doc):
     """Read a property drawer at the top of the file; return the index of the line after it."""
@@ -215,7 +269,9 @@ def read_file_drawer(doc):
 
 def after_planning(lines, i):
     """Line index I, or the one after it when I is a heading's planning line."""
-    if i < len(lines) and re.match(r"[ \t]*(SCHEDULED|DEADLINE|CLOSED):", lines[i], re.I):
+    if i < len(lines) and re.match(
+        r"[ \t]*(SCHEDULED|DEADLINE|CLOSED):", lines[i], re.I
+    ):
         return i + 1
     return i
 
@@ -231,11 +287,19 @@ def read_property_drawer(path, lines, i, properties):
         check_blanks(path, j + 1, lines[j])
         m = PROPERTY_LINE.fullmatch(lines[j])
         if not m:
-            raise Refusal(path, j + 1, "malformed line in property drawer (Org would ignore the drawer)")
+            raise Refusal(
+                path,
+                j + 1,
+                "malformed line in property drawer (Org would ignore the drawer)",
+            )
         key, blank, value = m.group(1), m.group(2), m.group(3)
         if value and not blank.startswith(" "):
-            raise Refusal(path, j + 1, f"a tab after :{key}: makes Org 9.5 ignore the whole "
-                          "drawer; write a space")
+            raise Refusal(
+                path,
+                j + 1,
+                f"a tab after :{key}: makes Org 9.5 ignore the whole "
+                "drawer; write a space",
+            )
         if key.lower().startswith("header-args"):
             check_header_args_property(path, j + 1, key, value)
         properties.append((j + 1, key, value or ""))
@@ -244,7 +308,9 @@ def read_property_drawer(path, lines, i, properties):
 def check_header_args_property(path, number, key, value):
     """Refuse a header-args property without a value."""
     if not value:
-        raise Refusal(path, number, f"{key} without a value (Org versions treat it differently)")
+        raise Refusal(
+            path, number, f"{key} without a value (Org versions treat it differently)"
+        )
 
 def skip_raw(doc, i, first, closes, what, limit):
     """Skip the element opened at line index I, from line FIRST to the line CLOSES accepts; return the next index."""
@@ -303,8 +369,12 @@ def container_end(lines, i):
 def check_within(path, i, j, limit, what):
     """Refuse an element from line index I to J that runs past LIMIT, the end of its container."""
     if limit is not None and j > limit:
-        raise Refusal(path, i + 1, f"{what} runs past line {limit + 1}, where Org ends the "
-                      "element that contains it, so Org does not see it")
+        raise Refusal(
+            path,
+            i + 1,
+            f"{what} runs past line {limit + 1}, where Org ends the "
+            "element that contains it, so Org does not see it",
+        )
 
 OUTSIDE_KEYWORDS = {
     "setupfile": "pulls in settings from another file",
@@ -313,6 +383,7 @@ OUTSIDE_KEYWORDS = {
     "seq_todo": "changes the words that headings may start with",
     "typ_todo": "changes the words that headings may start with",
 }
+
 
 def check_keyword(doc, number, key, value):
     """Refuse keywords that change what Emacs tangles; collect #+PROPERTY header-args."""
@@ -326,12 +397,21 @@ def check_keyword(doc, number, key, value):
             check_header_args_property(doc.path, number, name, rest)
             doc.keyword_properties.append((number, name, rest))
     elif key in OUTSIDE_KEYWORDS:
-        raise Refusal(doc.path, number, f"#+{key.upper()} {OUTSIDE_KEYWORDS[key]}; not supported")
+        raise Refusal(
+            doc.path, number, f"#+{key.upper()} {OUTSIDE_KEYWORDS[key]}; not supported"
+        )
     elif key == "filetags" and "ARCHIVE" in value.split(":"):
-        raise Refusal(doc.path, number, "#+FILETAGS: :ARCHIVE: archives the whole file; not supported")
+        raise Refusal(
+            doc.path,
+            number,
+            "#+FILETAGS: :ARCHIVE: archives the whole file; not supported",
+        )
 
-FILE_VARIABLES = ("file-local variables could change how Emacs tangles this file "
-                  "(org-src-preserve-indentation, the noweb syntax); not supported")
+FILE_VARIABLES = (
+    "file-local variables could change how Emacs tangles this file "
+    "(org-src-preserve-indentation, the noweb syntax); not supported"
+)
+
 
 def check_file_variables(path, lines):
     """Refuse file-local variables, which could change how Emacs tangles this file."""
@@ -387,28 +467,47 @@ def affiliated_keywords(doc, i):
     k = i - 1
     while k >= 0 and (m := AFFILIATED.fullmatch(lines[k])):
         check_blanks(path, k + 1, lines[k])
-        if name is None and stop is None and not re.match(r"[ \t]*#\+[^ \t]+:", lines[k]):
+        if (
+            name is None
+            and stop is None
+            and not re.match(r"[ \t]*#\+[^ \t]+:", lines[k])
+        ):
             stop = k + 1
         key, value = (m.group(1) or m.group(2) or m.group(3)).lower(), m.group(4)
         if key in OLD_NAMES:
-            raise Refusal(path, k + 1, f"#+{key.upper()} is an old spelling of #+NAME; write #+NAME")
+            raise Refusal(
+                path,
+                k + 1,
+                f"#+{key.upper()} is an old spelling of #+NAME; write #+NAME",
+            )
         if key in ("header", "headers"):
             headers.insert(0, (k + 1, value))
         elif key == "name":
             if name is not None:
-                raise Refusal(path, k + 1, f"a second #+NAME for the block (line {name_line})")
+                raise Refusal(
+                    path, k + 1, f"a second #+NAME for the block (line {name_line})"
+                )
             if not value:
-                raise Refusal(path, k + 1, "#+NAME: without a name (Org would name the block \"\")")
+                raise Refusal(
+                    path,
+                    k + 1,
+                    "#+NAME: without a name (Org would name the block \"\")",
+                )
             name, name_line = value, k + 1
         k -= 1
     while k >= 0 and re.match(r"[ \t]*#\+[^ \t]+:", lines[k]):
         if re.match(r"[ \t]*#\+name:", lines[k], re.I):
-            raise Refusal(path, k + 1, "#+NAME is separated from its block by another "
-                          "keyword (Org finds it for noweb but not for links)")
+            raise Refusal(
+                path,
+                k + 1,
+                "#+NAME is separated from its block by another "
+                "keyword (Org finds it for noweb but not for links)",
+            )
         k -= 1
     return headers, name, name_line, stop if name_line else None
 
 TARGET = re.compile(r"[^<]<<([^<>]+)>>[^>]")
+
 
 def target_above(lines, i):
     """The <<target>> that Org's org-store-link finds at the start of line index I, or None."""
@@ -423,9 +522,27 @@ def target_above(lines, i):
     return None
 
 HEADER_KEYS = {
-    "tangle", "mkdirp", "padline", "noweb", "noweb-ref", "noweb-sep", "comments",
-    "shebang", "tangle-mode", "exports", "results", "session", "eval", "cache",
-    "hlines", "dir", "wrap", "var", "prologue", "epilogue", "no-expand",
+    "tangle",
+    "mkdirp",
+    "padline",
+    "noweb",
+    "noweb-ref",
+    "noweb-sep",
+    "comments",
+    "shebang",
+    "tangle-mode",
+    "exports",
+    "results",
+    "session",
+    "eval",
+    "cache",
+    "hlines",
+    "dir",
+    "wrap",
+    "var",
+    "prologue",
+    "epilogue",
+    "no-expand",
 }
 INJECTING_KEYS = {
     "var": "injects assignments into the tangled code",
@@ -449,7 +566,11 @@ def balanced_split(text, at_colon=True):
     if at_colon and not re.search(r'["(\[]', text):
         # Nothing to balance: cut at each blank and colon, as the walk below would.
         cuts = [m.start() for m in re.finditer(r"[ \t]:", text)]
-        pieces = zip([0] + [cut + 1 for cut in cuts], [0] + [cut + 2 for cut in cuts], cuts + [len(text)])
+        pieces = zip(
+            [0] + [cut + 1 for cut in cuts],
+            [0] + [cut + 2 for cut in cuts],
+            cuts + [len(text)],
+        )
         return [(offset, text[a:b]) for offset, a, b in pieces if b > a]
     parts, partial, start, k = [], [], 0, 0
     while k < len(text):
@@ -500,13 +621,18 @@ def read_value(where, key, raw):
         mode = re.fullmatch(r"\(identity\s+#o([0-7]{3,4})\)", raw)
         if key == "tangle-mode" and mode:
             return int(mode.group(1), 8)
-        raise Refusal(*where, f":{key} {raw}: Emacs evaluates this as Lisp; "
-                      "only (identity #oNNN) for :tangle-mode is accepted")
+        raise Refusal(
+            *where,
+            f":{key} {raw}: Emacs evaluates this as Lisp; "
+            "only (identity #oNNN) for :tangle-mode is accepted",
+        )
     if raw[0] == '"':
         quoted = re.fullmatch(r'"((?:[^"\\]|\\.)*)"', raw)
         if not quoted:
             raise Refusal(*where, f":{key} {raw}: text after a quoted value")
-        bad = [e for e in re.findall(r"\\(.)", quoted.group(1)) if e not in LISP_ESCAPES]
+        bad = [
+            e for e in re.findall(r"\\(.)", quoted.group(1)) if e not in LISP_ESCAPES
+        ]
         if bad:
             raise Refusal(*where, f":{key}: unsupported escape \\{bad[0]}")
         return re.sub(r"\\(.)", lambda e: LISP_ESCAPES[e.group(1)], quoted.group(1))
@@ -519,16 +645,23 @@ def parse_arguments(pieces):
     text = " ".join(t for _, t in pieces)
     if not text.strip(" \t") or text == "nil":
         return {}
-    offsets = list(itertools.accumulate((len(t) + 1 for _, t in pieces[:-1]), initial=0))
+    offsets = list(
+        itertools.accumulate((len(t) + 1 for _, t in pieces[:-1]), initial=0)
+    )
     parsed = {}
     for n, (k, part) in enumerate(balanced_split(text)):
         where = pieces[bisect.bisect_right(offsets, k) - 1][0]
         arg = part if n == 0 else ":" + part
         if not arg.startswith(":"):
-            raise Refusal(*where, "switches and other text before the header arguments are not "
-                          f"supported (Org 9.7 honours -i, 9.5 does not): {part.strip()!r}")
+            raise Refusal(
+                *where,
+                "switches and other text before the header arguments are not "
+                f"supported (Org 9.7 honours -i, 9.5 does not): {part.strip()!r}",
+            )
         m = re.search(r"([^ \t]+)[ \t]+([^ \t].*)", arg)
-        key, raw = (m.group(1), m.group(2).rstrip(" \t")) if m else (arg.rstrip(" \t"), None)
+        key, raw = (
+            (m.group(1), m.group(2).rstrip(" \t")) if m else (arg.rstrip(" \t"), None)
+        )
         parsed[key[1:]] = (read_value(where, key[1:], raw), where)
         if key == ":var":
             check_var(where, raw)
@@ -544,8 +677,11 @@ def check_var(where, raw):
         else:
             joined.append(piece)
     if not joined or not all(re.match(r"[^= \t]+[ \t]*=", v) for v in joined):
-        raise Refusal(*where, f":var {raw or ''}: write NAME=VALUE (Emacs stops with an "
-                      "error on a :var without a name)")
+        raise Refusal(
+            *where,
+            f":var {raw or ''}: write NAME=VALUE (Emacs stops with an "
+            "error on a :var without a name)",
+        )
 
 def inherited_property(doc, heading, name):
     """The value of property NAME at HEADING, as (where, text) pieces in Org's order.
@@ -573,8 +709,12 @@ def property_levels(doc, heading, name):
         top, heading = heading, heading.parent
     if top and top.level > 1:
         if any(key.lower() in (name, name + "+") for _, key, _ in doc.file_properties):
-            raise Refusal(doc.path, top.line, f"Org 9.5 skips the file's {name} for a heading "
-                          "with no level-1 heading above it; add one")
+            raise Refusal(
+                doc.path,
+                top.line,
+                f"Org 9.5 skips the file's {name} for a heading "
+                "with no level-1 heading above it; add one",
+            )
         return
     yield doc.file_properties
 
@@ -598,8 +738,12 @@ def block_parameters(doc, block):
     for line, text in block.headers:
         for key, value in parse_arguments([((doc.path, line), text)]).items():
             if key in headers:
-                raise Refusal(doc.path, line, f":{key} is set on two #+HEADER lines "
-                              "(Org lets the upper one win, which reads backwards)")
+                raise Refusal(
+                    doc.path,
+                    line,
+                    f":{key} is set on two #+HEADER lines "
+                    "(Org lets the upper one win, which reads backwards)",
+                )
             headers[key] = value
     return {**params, **headers}
 
@@ -608,33 +752,80 @@ def tangle_target(doc, value, where):
     if value is None:
         raise Refusal(*where, ":tangle needs a value: a file name or no")
     if value == "yes":
-        raise Refusal(*where, ":tangle yes names the file after the language "
-                      "(.python without ob-python); write the file name")
+        raise Refusal(
+            *where,
+            ":tangle yes names the file after the language "
+            "(.python without ob-python); write the file name",
+        )
     path = "/".join(part for part in value.split("/") if part != ".")
-    if (not path or os.path.isabs(value) or value.startswith("~") or os.path.normpath(path) != path
-            or path.split("/")[0] == ".." or re.search(r"[\x00-\x1f\x7f]", path)):
-        raise Refusal(*where, f":tangle {value!r}: write a plain path inside the org file's directory")
+    if (
+        not path
+        or os.path.isabs(value)
+        or value.startswith("~")
+        or os.path.normpath(path) != path
+        or path.split("/")[0] == ".."
+        or re.search(r"[\x00-\x1f\x7f]", path)
+    ):
+        raise Refusal(
+            *where,
+            f":tangle {value!r}: write a plain path inside the org file's directory",
+        )
     if path in (os.path.basename(doc.path), database_name(doc.path)):
-        raise Refusal(*where, f":tangle {value}: would overwrite the tangler's own files")
+        raise Refusal(
+            *where, f":tangle {value}: would overwrite the tangler's own files"
+        )
     return path
 
 LANGUAGES = {
-    "python", "sh", "bash", "zsh", "shell", "emacs-lisp", "elisp", "lua", "ruby", "perl",
-    "js", "css", "html", "typst", "markdown", "text", "conf", "json", "yaml", "toml", "makefile",
+    "python",
+    "sh",
+    "bash",
+    "zsh",
+    "shell",
+    "emacs-lisp",
+    "elisp",
+    "lua",
+    "ruby",
+    "perl",
+    "js",
+    "css",
+    "html",
+    "typst",
+    "markdown",
+    "text",
+    "conf",
+    "json",
+    "yaml",
+    "toml",
+    "makefile",
 }
-COMMENT_STARTS = {"python": "# ", "sh": "# ", "bash": "# ", "shell": "# ",
-                  "emacs-lisp": ";; ", "elisp": ";; "}
+COMMENT_STARTS = {
+    "python": "# ",
+    "sh": "# ",
+    "bash": "# ",
+    "shell": "# ",
+    "emacs-lisp": ";; ",
+    "elisp": ";; ",
+}
 
 def check_parameters(doc, block, params):
     """Refuse header arguments that we cannot tangle as every Org does, on a used block."""
     for key, (value, where) in params.items():
         if key == "noweb-prefix":
-            raise Refusal(*where, ":noweb-prefix is not known to Org 9.5; not supported")
+            raise Refusal(
+                *where, ":noweb-prefix is not known to Org 9.5; not supported"
+            )
         if key not in HEADER_KEYS:
-            raise Refusal(*where, f":{key} is not a header argument this tangler knows "
-                          "(Emacs would ignore a misspelt one without a word)")
+            raise Refusal(
+                *where,
+                f":{key} is not a header argument this tangler knows "
+                "(Emacs would ignore a misspelt one without a word)",
+            )
         if value is None:
-            raise Refusal(*where, f":{key} needs a value (Org versions read a bare key differently)")
+            raise Refusal(
+                *where,
+                f":{key} needs a value (Org versions read a bare key differently)",
+            )
     value, where = params.get("noweb", ("no", None))
     if value not in NOWEB_EXPANDS:
         raise Refusal(*where, f":noweb {value}: use one of {', '.join(NOWEB_EXPANDS)}")
@@ -642,24 +833,42 @@ def check_parameters(doc, block, params):
 def check_tangled(doc, block, params):
     """Refuse what a tangled block's output depends on beyond the subset: language, injected code, comments, modes."""
     if block.language.lower() not in LANGUAGES:
-        raise Refusal(doc.path, block.line, f"{block.language} blocks are not covered: Org expands "
-                      f"some languages' blocks (ob-C wraps C in main()); covered: {', '.join(sorted(LANGUAGES))}")
+        raise Refusal(
+            doc.path,
+            block.line,
+            f"{block.language} blocks are not covered: Org expands "
+            f"some languages' blocks (ob-C wraps C in main()); covered: {', '.join(sorted(LANGUAGES))}",
+        )
     for key, (value, where) in params.items():
         if key in INJECTING_KEYS:
-            raise Refusal(*where, f":{key} {INJECTING_KEYS[key]}; not supported on a tangled block")
+            raise Refusal(
+                *where,
+                f":{key} {INJECTING_KEYS[key]}; not supported on a tangled block",
+            )
     comments, where = params.get("comments", ("no", None))
     if comments not in ("no", "link", "yes"):
         raise Refusal(*where, f":comments {comments}: use one of no, link, yes")
     mode, where = params.get("tangle-mode", (None, None))
     if mode is not None and not isinstance(mode, int):
-        raise Refusal(*where, ":tangle-mode: write (identity #o755); other forms differ between Org versions")
+        raise Refusal(
+            *where,
+            ":tangle-mode: write (identity #o755); other forms differ between Org versions",
+        )
     if comments != "no":
         if block.language not in COMMENT_STARTS:
-            raise Refusal(doc.path, block.line, f":comments link for {block.language!r} blocks is not "
-                          "supported (Emacs takes the comment syntax from the language's mode)")
+            raise Refusal(
+                doc.path,
+                block.line,
+                f":comments link for {block.language!r} blocks is not "
+                "supported (Emacs takes the comment syntax from the language's mode)",
+            )
         if block.heading is None:
-            raise Refusal(doc.path, block.line, ":comments link needs the block to be under a heading "
-                          "(Org links a block above the first one by the text of its line)")
+            raise Refusal(
+                doc.path,
+                block.line,
+                ":comments link needs the block to be under a heading "
+                "(Org links a block above the first one by the text of its line)",
+            )
 
 UNESCAPE = re.compile(r"^([ \t]*,*),(\*|#\+)")
 
@@ -681,29 +890,49 @@ def normalize_body(doc, block):
     Commas that escape '*' and '#+' are removed and the common indentation
     is cut. Whatever Org 9.5 and Org 9.7-9.8 would cut differently is refused.
     """
-    lines = [UNESCAPE.sub(r"\1\2", line) if "," in line else line for line in block.raw_lines]
+    lines = [
+        UNESCAPE.sub(r"\1\2", line) if "," in line else line for line in block.raw_lines
+    ]
     where = lambda k: (doc.path, block.body_line + k)
     solid = [k for k, line in enumerate(lines) if line.strip(" \t")]
     if not solid:
-        raise Refusal(doc.path, block.line, "empty block (Org would tangle a lone blank line, which "
-                      "--detangle could not map back)")
+        raise Refusal(
+            doc.path,
+            block.line,
+            "empty block (Org would tangle a lone blank line, which "
+            "--detangle could not map back)",
+        )
     if solid[0] != 0:
-        raise Refusal(*where(0), "blank line at the start of a block (Org versions disagree on it)")
+        raise Refusal(
+            *where(0),
+            "blank line at the start of a block (Org versions disagree on it)"
+        )
     if solid[-1] != len(lines) - 1:
-        raise Refusal(*where(len(lines) - 1), "blank line at the end of a block (Org versions disagree on it)")
+        raise Refusal(
+            *where(len(lines) - 1),
+            "blank line at the end of a block (Org versions disagree on it)"
+        )
     cut = min(indentation(lines[k]) for k in solid)
     if indentation(lines[0]) > cut:
-        raise Refusal(*where(0), "first line indented deeper than the rest (Org trims it)")
+        raise Refusal(
+            *where(0), "first line indented deeper than the rest (Org trims it)"
+        )
     if cut == 0:
         return lines
     body = []
     for k, line in enumerate(lines):
         lead = line[: len(line) - len(line.lstrip(" \t"))]
         if "\t" in lead:
-            raise Refusal(*where(k), "tab in the indentation of an indented block (Org versions cut it differently)")
+            raise Refusal(
+                *where(k),
+                "tab in the indentation of an indented block (Org versions cut it differently)"
+            )
         if not line.strip(" \t"):
             if len(line) > cut:
-                raise Refusal(*where(k), "whitespace-only line wider than the block's indentation (Org versions disagree on it)")
+                raise Refusal(
+                    *where(k),
+                    "whitespace-only line wider than the block's indentation (Org versions disagree on it)"
+                )
             body.append("")
         else:
             body.append(line[cut:])
@@ -719,6 +948,7 @@ class Piece:
     reference, repeated on each line of its expansion) or "text" (anything
     else: padding, shebang, comments, separators, text right of a reference).
     """
+
     text: str
     kind: str
     block: int
@@ -741,6 +971,7 @@ class Output:
 @dataclass
 class Book:
     """One parsed org file and what tangling it needs to look up."""
+
     doc: Document
     params: list
     names: dict
@@ -758,8 +989,12 @@ def open_book(path, data=None):
         if block.name is not None:
             other = names.setdefault(block.name.lower(), i)
             if other != i:
-                raise Refusal(path, block.name_line, f"#+NAME: {block.name} is also used at "
-                              f"line {doc.blocks[other].name_line} (Org matches names ignoring case)")
+                raise Refusal(
+                    path,
+                    block.name_line,
+                    f"#+NAME: {block.name} is also used at "
+                    f"line {doc.blocks[other].name_line} (Org matches names ignoring case)",
+                )
         ref = params[i].get("noweb-ref", (None,))[0]
         if ref is not None and not (block.heading and block.heading.commented):
             refs.setdefault(ref, []).append(i)
@@ -779,21 +1014,35 @@ def resolve(book, name, where):
     """The blocks a noweb reference names: a #+NAME first, then :noweb-ref."""
     if re.search(r"\(.*\)", name):
         raise Refusal(*where, f"<<{name}>> asks Emacs to run a block; not supported")
-    for properties in [h.properties for h in book.doc.headings] + [book.doc.file_properties]:
+    for properties in [h.properties for h in book.doc.headings] + [
+        book.doc.file_properties
+    ]:
         for _, key, value in properties:
             if key.upper() in ("ID", "CUSTOM_ID") and value == name:
-                raise Refusal(*where, f"<<{name}>> names a heading's {key}; Org would insert its text")
+                raise Refusal(
+                    *where,
+                    f"<<{name}>> names a heading's {key}; Org would insert its text",
+                )
     if name.lower() in book.doc.hidden_names:
-        raise Refusal(*where, f"<<{name}>>: a #+NAME: {name} line inside a raw block (line "
-                      f"{book.doc.hidden_names[name.lower()]}) would shadow it in Emacs")
+        raise Refusal(
+            *where,
+            f"<<{name}>>: a #+NAME: {name} line inside a raw block (line "
+            f"{book.doc.hidden_names[name.lower()]}) would shadow it in Emacs",
+        )
     named = book.names.get(name.lower())
     if named is not None:
         block = book.doc.blocks[named]
         if block.name != name:
-            raise Refusal(*where, f"<<{name}>> matches #+NAME: {block.name} only when case is ignored")
+            raise Refusal(
+                *where,
+                f"<<{name}>> matches #+NAME: {block.name} only when case is ignored",
+            )
         if block.name_hidden_by:
-            raise Refusal(*where, f"<<{name}>>: Emacs's search for #+NAME: {name} stops at the blank "
-                          f"inside the keyword on line {block.name_hidden_by} and inserts nothing")
+            raise Refusal(
+                *where,
+                f"<<{name}>>: Emacs's search for #+NAME: {name} stops at the blank "
+                f"inside the keyword on line {block.name_hidden_by} and inserts nothing",
+            )
         if not (block.heading and block.heading.commented):
             return [named]
     if name in book.refs:
@@ -813,6 +1062,7 @@ def join_lines(head, tail):
 
 MAX_NOWEB_DEPTH = 100
 
+
 def expand(book, i, top, stack=()):
     """Block I's body with noweb references replaced, as a list of piece lines.
 
@@ -820,11 +1070,18 @@ def expand(book, i, top, stack=()):
     """
     block = book.doc.blocks[i]
     if i in stack:
-        raise Refusal(book.doc.path, block.line, "noweb reference loops back to this block "
-                      "(Emacs would never finish)")
+        raise Refusal(
+            book.doc.path,
+            block.line,
+            "noweb reference loops back to this block " "(Emacs would never finish)",
+        )
     if len(stack) > MAX_NOWEB_DEPTH:
-        raise Refusal(book.doc.path, block.line, f"noweb references nested more than "
-                      f"{MAX_NOWEB_DEPTH} deep (Emacs's Lisp stack may not hold them)")
+        raise Refusal(
+            book.doc.path,
+            block.line,
+            f"noweb references nested more than "
+            f"{MAX_NOWEB_DEPTH} deep (Emacs's Lisp stack may not hold them)",
+        )
     book.uses[i] = book.uses.get(i, 0) + 1
     code = body(book, i)
     noweb = parameter(book, i, "noweb", "no")
@@ -834,8 +1091,12 @@ def expand(book, i, top, stack=()):
         org_line = block.body_line + k
         matches = list(NOWEB.finditer(text)) if expands is not False else []
         if matches and expands is None:
-            raise Refusal(book.doc.path, org_line, f"a referenced block with :noweb {noweb} is "
-                          "expanded by Org 9.8 but not by 9.5; use :noweb yes")
+            raise Refusal(
+                book.doc.path,
+                org_line,
+                f"a referenced block with :noweb {noweb} is "
+                "expanded by Org 9.8 but not by 9.5; use :noweb yes",
+            )
         if not matches:
             lines.append([Piece(text, "code", i, k, org_line)])
             continue
@@ -843,7 +1104,9 @@ def expand(book, i, top, stack=()):
         for match in matches:
             prefix = text[start : match.start()]
             pieces = [Piece(prefix, "prefix", i, k, org_line)] if prefix else []
-            expansion = expand_reference(book, match.group(1), (book.doc.path, org_line), stack + (i,))
+            expansion = expand_reference(
+                book, match.group(1), (book.doc.path, org_line), stack + (i,)
+            )
             for n, line in enumerate(expansion):
                 if n == 0:
                     current = current + pieces + line
@@ -864,30 +1127,56 @@ def expand_reference(book, name, where, stack):
         result = join_lines(result, expand(book, j, False, stack))
         if n + 1 < len(blocks):
             separator = parameter(book, j, "noweb-sep", "\n")
-            result = join_lines(result, text_lines(separator, j, book.doc.blocks[j].line))
+            result = join_lines(
+                result, text_lines(separator, j, book.doc.blocks[j].line)
+            )
     return result
 
 def link_comment(book, i, target):
     """The ':comments link' lines around block I, in Emacs's exact format."""
     block = book.doc.blocks[i]
     heading = block.heading
-    if not (block.name or heading.title) or any(key.upper() == "CUSTOM_ID" for _, key, _ in heading.properties):
-        raise Refusal(book.doc.path, block.line, ":comments link under a heading with no title "
-                      "(Org names it 'No heading') or with a CUSTOM_ID (Org links to it) is not supported")
+    if not (block.name or heading.title) or any(
+        key.upper() == "CUSTOM_ID" for _, key, _ in heading.properties
+    ):
+        raise Refusal(
+            book.doc.path,
+            block.line,
+            ":comments link under a heading with no title "
+            "(Org names it 'No heading') or with a CUSTOM_ID (Org links to it) is not supported",
+        )
     search = block.target or block.name or "*" + link_heading(heading.title)
     name = block.name or f"{heading.title}:{block.number}"
     if re.search(r"%(start-line|source-name)", search + name):
-        raise Refusal(book.doc.path, block.line, f":comments link: Org would replace the %-key in {search!r}")
-    if re.search(r"[][\\\n]", search) or "//" in search or "/~" in search or {".", ".."} & set(search.split("/")):
-        raise Refusal(book.doc.path, block.line, f":comments link: Org would escape the link to {search!r}")
-    org = os.path.relpath(book.doc.path, os.path.join(os.path.dirname(book.doc.path), os.path.dirname(target)))
-    return (comment_line(block.language, f"[[file:{org}::{search}][{name}]]"),
-            comment_line(block.language, f"{name} ends here"))
+        raise Refusal(
+            book.doc.path,
+            block.line,
+            f":comments link: Org would replace the %-key in {search!r}",
+        )
+    if (
+        re.search(r"[][\\\n]", search)
+        or "//" in search
+        or "/~" in search
+        or {".", ".."} & set(search.split("/"))
+    ):
+        raise Refusal(
+            book.doc.path,
+            block.line,
+            f":comments link: Org would escape the link to {search!r}",
+        )
+    org = os.path.relpath(
+        book.doc.path,
+        os.path.join(os.path.dirname(book.doc.path), os.path.dirname(target)),
+    )
+    return (
+        comment_line(block.language, f"[[file:{org}::{search}][{name}]]"),
+        comment_line(block.language, f"{name} ends here"),
+    )
 
 def comment_line(language, text):
     """TEXT commented out as Emacs's comment-region does it for LANGUAGE."""
     indent = text[: len(text) - len(text.lstrip(" \t"))]
-    return indent + COMMENT_STARTS[language] + text[len(indent):]
+    return indent + COMMENT_STARTS[language] + text[len(indent) :]
 
 def link_heading(title):
     """The search text Org makes of a heading's title: a leading COMMENT dropped, cookies
@@ -907,8 +1196,11 @@ def tangle_book(book):
             continue
         path = tangle_target(book.doc, value, where)
         if spellings.setdefault(path, value) != value:
-            raise Refusal(*where, f":tangle {value} names the same file as :tangle {spellings[path]}; "
-                          "Emacs would write it twice, once for each spelling: write one")
+            raise Refusal(
+                *where,
+                f":tangle {value} names the same file as :tangle {spellings[path]}; "
+                "Emacs would write it twice, once for each spelling: write one",
+            )
         check_tangled(book.doc, block, book.params[i])
         targets.setdefault(path, []).append(i)
     return [assemble(book, path, blocks) for path, blocks in targets.items()]
@@ -920,14 +1212,21 @@ def assemble(book, path, blocks):
         block = book.doc.blocks[i]
         shebang, mode = parameter(book, i, "shebang"), parameter(book, i, "tangle-mode")
         if n and (shebang or mode is not None):
-            raise Refusal(book.doc.path, block.line, ":shebang and :tangle-mode belong on the first "
-                          f"block of {path} (Org versions place and apply them differently)")
+            raise Refusal(
+                book.doc.path,
+                block.line,
+                ":shebang and :tangle-mode belong on the first "
+                f"block of {path} (Org versions place and apply them differently)",
+            )
         mkdirp = mkdirp or parameter(book, i, "mkdirp") not in (None, "no")
         code = expand(book, i, True)
         text, last = line_text(code[0]), line_text(code[-1])
         if text[:1] in (" ", "\t") or last[-1:] in (" ", "\t") or not text or not last:
-            raise Refusal(book.doc.path, block.line, "the expanded block starts or ends with "
-                          "whitespace, which Org trims")
+            raise Refusal(
+                book.doc.path,
+                block.line,
+                "the expanded block starts or ends with " "whitespace, which Org trims",
+            )
         if n and parameter(book, i, "padline") != "no":
             lines.append([Piece("", "text", i, -1, block.line)])
         if shebang:
@@ -944,8 +1243,15 @@ def assemble(book, path, blocks):
     if mode is None and parameter(book, first, "shebang"):
         mode = 0o755
     text = "".join(line_text(line) + "\n" for line in lines)
-    return Output(path, lines, text, mode, mkdirp, book.doc.blocks[first].line,
-                  os.path.join(os.path.dirname(book.doc.path), path))
+    return Output(
+        path,
+        lines,
+        text,
+        mode,
+        mkdirp,
+        book.doc.blocks[first].line,
+        os.path.join(os.path.dirname(book.doc.path), path),
+    )
 
 def base_of(org_path):
     """The directory an org file's :tangle paths are relative to."""
@@ -966,8 +1272,10 @@ def database_text(outputs):
 def sha256(text):
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
+
 def executable(mode):
     return bool(mode is not None and mode & 0o100)
+
 
 def read_bytes(path):
     """A file's bytes, or None when there is no file there (nothing, or a directory)."""
@@ -979,7 +1287,9 @@ def read_bytes(path):
 
 def write_atomically(path, data, mode):
     """Replace PATH with the bytes DATA so that a crash leaves the old file or the new, never half."""
-    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tangle")
+    temporary = os.path.join(
+        os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tangle"
+    )
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -1003,10 +1313,25 @@ def file_mode(mode):
 def write_outputs(book, outputs):
     """Write each output (and the database) whose bytes differ, set each mode; return the paths written."""
     base = base_of(book.doc.path)
-    files = [(out.path, out.text.encode("utf-8"), file_mode(out.mode), out.mkdirp, out.org_line)
-             for out in outputs]
-    files.append((database_name(book.doc.path), database_text(outputs).encode("utf-8"),
-                  file_mode(None), False, 1))
+    files = [
+        (
+            out.path,
+            out.text.encode("utf-8"),
+            file_mode(out.mode),
+            out.mkdirp,
+            out.org_line,
+        )
+        for out in outputs
+    ]
+    files.append(
+        (
+            database_name(book.doc.path),
+            database_text(outputs).encode("utf-8"),
+            file_mode(None),
+            False,
+            1,
+        )
+    )
     check_writable(book, files)
     written = []
     for path, data, mode, _, _ in files:
@@ -1024,30 +1349,50 @@ def check_writable(book, files):
     """Refuse, before anything is written, any of FILES that cannot be written as a plain file."""
     base = base_of(book.doc.path)
     paths = {path for path, *_ in files}
-    name_max, path_max = os.pathconf(base, "PC_NAME_MAX"), os.pathconf(base, "PC_PATH_MAX")
+    name_max, path_max = os.pathconf(base, "PC_NAME_MAX"), os.pathconf(
+        base, "PC_PATH_MAX"
+    )
     made = set()
     for path, _, _, mkdirp, org_line in files:
         parts, full = path.split("/"), os.path.join(base, path)
         where = (book.doc.path, org_line)
-        if len(full.encode()) >= path_max or any(len(p.encode()) > name_max for p in parts):
-            raise Refusal(*where, f"{path}: the name is longer than the file system allows")
+        if len(full.encode()) >= path_max or any(
+            len(p.encode()) > name_max for p in parts
+        ):
+            raise Refusal(
+                *where, f"{path}: the name is longer than the file system allows"
+            )
         for n in range(1, len(parts)):
             prefix = "/".join(parts[:n])
-            if prefix in paths or (os.path.lexists(os.path.join(base, prefix))
-                                   and not os.path.isdir(os.path.join(base, prefix))):
-                raise Refusal(*where, f"{path} cannot be written: {prefix} is a file, not a directory")
+            if prefix in paths or (
+                os.path.lexists(os.path.join(base, prefix))
+                and not os.path.isdir(os.path.join(base, prefix))
+            ):
+                raise Refusal(
+                    *where,
+                    f"{path} cannot be written: {prefix} is a file, not a directory",
+                )
         if os.path.isdir(full):
             raise Refusal(*where, f"{path} cannot be written: it is a directory")
         directory = os.path.dirname(path)
-        if directory and directory not in made and not os.path.isdir(os.path.join(base, directory)):
+        if (
+            directory
+            and directory not in made
+            and not os.path.isdir(os.path.join(base, directory))
+        ):
             if not mkdirp:
-                raise Refusal(*where, f"directory {directory} does not exist; add :mkdirp yes")
+                raise Refusal(
+                    *where, f"directory {directory} does not exist; add :mkdirp yes"
+                )
             made |= {"/".join(parts[:n]) for n in range(1, len(parts))}
         existing = os.path.dirname(full)
         while not os.path.isdir(existing):
             existing = os.path.dirname(existing)
         if not os.access(existing, os.W_OK | os.X_OK):
-            raise Refusal(*where, f"{path} cannot be written: no permission to write in {existing}")
+            raise Refusal(
+                *where,
+                f"{path} cannot be written: no permission to write in {existing}",
+            )
 
 def orphans(book, outputs):
     """Python files the book does not write, in the directories it writes Python into.
@@ -1059,12 +1404,20 @@ def orphans(book, outputs):
     produced = {out.path for out in outputs}
     previous = read_database(book.doc.path).get("files", {})
     owned = {os.path.dirname(p) for p in produced | set(previous) if p.endswith(".py")}
-    found = {p for p in previous if p not in produced and os.path.exists(os.path.join(base, p))}
+    found = {
+        p
+        for p in previous
+        if p not in produced and os.path.exists(os.path.join(base, p))
+    }
     for directory in owned:
         full = os.path.join(base, directory)
         if os.path.isdir(full):
-            found |= {os.path.join(directory, name) for name in os.listdir(full)
-                      if name.endswith(".py") and os.path.join(directory, name) not in produced}
+            found |= {
+                os.path.join(directory, name)
+                for name in os.listdir(full)
+                if name.endswith(".py")
+                and os.path.join(directory, name) not in produced
+            }
     return sorted(found)
 
 def read_database(org_path):
@@ -1079,9 +1432,14 @@ def read_database(org_path):
         database = None
     files = database.get("files") if isinstance(database, dict) else None
     if not isinstance(files, dict) or not all(
-            isinstance(record, dict) and isinstance(record.get("sha256"), str) for record in files.values()):
-        raise Refusal(os.path.join(os.path.dirname(org_path), name), 1,
-                      "not a tangle database; delete it and tangle again")
+        isinstance(record, dict) and isinstance(record.get("sha256"), str)
+        for record in files.values()
+    ):
+        raise Refusal(
+            os.path.join(os.path.dirname(org_path), name),
+            1,
+            "not a tangle database; delete it and tangle again",
+        )
     return database
 
 def origin(line):
@@ -1111,16 +1469,20 @@ def labelled_diff(org_name, path, disk, out):
         i1, i2, j1, j2 = group[0][1], group[-1][2], group[0][3], group[-1][4]
         changed = next(op for op in group if op[0] != "equal")
         at = min(changed[3], len(out.lines) - 1)
-        diff.append(f"@@ -{hunk_range(i1, i2 - i1)} +{hunk_range(j1, j2 - j1)} @@ "
-                    f"{org_name}:{origin(out.lines[at])}\n")
+        diff.append(
+            f"@@ -{hunk_range(i1, i2 - i1)} +{hunk_range(j1, j2 - j1)} @@ "
+            f"{org_name}:{origin(out.lines[at])}\n"
+        )
         for tag, a1, a2, b1, b2 in group:
             if tag == "equal":
                 diff += [" " + line for line in old[a1:a2]]
                 continue
             diff += ["-" + line for line in old[a1:a2]]
             diff += ["+" + line for line in new[b1:b2]]
-    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
-                   for line in diff)
+    return "".join(
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+        for line in diff
+    )
 
 def check(book, outputs):
     """Compare what the book would write with the disk; return the problems as text."""
@@ -1129,22 +1491,35 @@ def check(book, outputs):
     for out in outputs:
         disk = read_bytes(os.path.join(base, out.path))
         if disk is None:
-            problems.append(f"missing: {out.shown} (tangled from {name}:{out.org_line})\n")
+            problems.append(
+                f"missing: {out.shown} (tangled from {name}:{out.org_line})\n"
+            )
         elif disk != out.text.encode("utf-8"):
             problems.append(labelled_diff(name, out.shown, disk, out))
-        elif (actual := stat.S_IMODE(os.stat(os.path.join(base, out.path)).st_mode)) != file_mode(out.mode):
-            problems.append(f"mode: {out.shown} is {actual:04o}, the book gives "
-                            f"{file_mode(out.mode):04o} ({name}:{out.org_line})\n")
+        elif (
+            actual := stat.S_IMODE(os.stat(os.path.join(base, out.path)).st_mode)
+        ) != file_mode(out.mode):
+            problems.append(
+                f"mode: {out.shown} is {actual:04o}, the book gives "
+                f"{file_mode(out.mode):04o} ({name}:{out.org_line})\n"
+            )
     database = database_name(book.doc.path)
-    if read_bytes(os.path.join(base, database)) != database_text(outputs).encode("utf-8"):
-        problems.append(f"stale: {database} does not match {name}; tangle to rewrite it\n")
-    problems += [f"not in the book: {path} (no block of {name} writes it)\n"
-                 for path in orphans(book, outputs)]
+    if read_bytes(os.path.join(base, database)) != database_text(outputs).encode(
+        "utf-8"
+    ):
+        problems.append(
+            f"stale: {database} does not match {name}; tangle to rewrite it\n"
+        )
+    problems += [
+        f"not in the book: {path} (no block of {name} writes it)\n"
+        for path in orphans(book, outputs)
+    ]
     return problems
 
 @dataclass(frozen=True)
 class Spot:
     """Where an output line can be written back: line K of block BLOCK, after PREFIX."""
+
     block: int
     k: int
     prefix: str
@@ -1173,25 +1548,42 @@ def map_edit(book, out, old, new, opcode):
         check_not_emptied(book, out, i1, i2)
     for i in range(i1, i2):
         if spot(out.lines[i]) is None:
-            raise Refusal(out.shown, i + 1, f"the change touches {what_is(out.lines[i])}")
+            raise Refusal(
+                out.shown, i + 1, f"the change touches {what_is(out.lines[i])}"
+            )
     runs = block_runs(out, i1, i2)
     if len(runs) == 1:
         return [edit(book, out, runs[0], j1, new[j1:j2])]
     if j2 - j1 not in (0, i2 - i1):
-        raise Refusal(out.shown, i1 + 1, "the change spans more than one block and adds or removes "
-                      f"lines ({book.doc.path}:{origin(out.lines[i1])} to :{origin(out.lines[i2 - 1])}); "
-                      "edit one block at a time")
+        raise Refusal(
+            out.shown,
+            i1 + 1,
+            "the change spans more than one block and adds or removes "
+            f"lines ({book.doc.path}:{origin(out.lines[i1])} to :{origin(out.lines[i2 - 1])}); "
+            "edit one block at a time",
+        )
     line_for_line = j2 > j1
-    return [edit(book, out, run, j1 + run[0] - i1,
-                 new[j1 + run[0] - i1 : j1 + run[-1] + 1 - i1] if line_for_line else [])
-            for run in runs]
+    return [
+        edit(
+            book,
+            out,
+            run,
+            j1 + run[0] - i1,
+            new[j1 + run[0] - i1 : j1 + run[-1] + 1 - i1] if line_for_line else [],
+        )
+        for run in runs
+    ]
 
 def block_runs(out, i1, i2):
     """Lines I1..I2 of OUT cut into runs of consecutive lines of one block each (as line index lists)."""
     runs = []
     for i in range(i1, i2):
         here, before = spot(out.lines[i]), spot(out.lines[i - 1]) if runs else None
-        if before and (here.block, here.k, here.prefix) == (before.block, before.k + 1, before.prefix):
+        if before and (here.block, here.k, here.prefix) == (
+            before.block,
+            before.k + 1,
+            before.prefix,
+        ):
             runs[-1].append(i)
         else:
             runs.append([i])
@@ -1200,10 +1592,18 @@ def block_runs(out, i1, i2):
 def check_not_emptied(book, out, i1, i2):
     """Refuse deleting lines I1..I2 of OUT when that deletes every line of a block."""
     for b in {s.block for i in range(i1, i2) if (s := spot(out.lines[i]))}:
-        lines = [i for i, line in enumerate(out.lines) if any(p.kind == "code" and p.block == b for p in line)]
+        lines = [
+            i
+            for i, line in enumerate(out.lines)
+            if any(p.kind == "code" and p.block == b for p in line)
+        ]
         if all(i1 <= i < i2 for i in lines):
-            raise Refusal(out.shown, lines[0] + 1, "the change deletes every line of the block at "
-                          f"{book.doc.path}:{book.doc.blocks[b].line}; delete the block in the book instead")
+            raise Refusal(
+                out.shown,
+                lines[0] + 1,
+                "the change deletes every line of the block at "
+                f"{book.doc.path}:{book.doc.blocks[b].line}; delete the block in the book instead",
+            )
 
 def map_insertion(book, out, old, new, i1, j1, j2):
     """Map lines NEW[J1:J2] inserted before line I1 of OUT to one edit."""
@@ -1211,8 +1611,17 @@ def map_insertion(book, out, old, new, i1, j1, j2):
         i1, j1, j2 = i1 - 1, j1 - 1, j2 - 1
     above = spot(out.lines[i1 - 1]) if i1 > 0 else None
     below = spot(out.lines[i1]) if i1 < len(old) else None
-    if above and below and (above.block, above.k + 1, above.prefix) != (below.block, below.k, below.prefix):
-        raise Refusal(out.shown, i1 + 1, "lines added between two blocks: it is not clear which block they belong to")
+    if (
+        above
+        and below
+        and (above.block, above.k + 1, above.prefix)
+        != (below.block, below.k, below.prefix)
+    ):
+        raise Refusal(
+            out.shown,
+            i1 + 1,
+            "lines added between two blocks: it is not clear which block they belong to",
+        )
     if not (above or below):
         raise Refusal(out.shown, i1 + 1, "lines added where no block is next to them")
     target = above or below
@@ -1229,11 +1638,19 @@ def check_edit(book, out, target, i, j1, lines, k1, k2):
     uses = book.uses[target.block]
     if uses > 1:
         name = book.doc.blocks[target.block].name or "a :noweb-ref block"
-        raise Refusal(out.shown, i + 1, f"the change is inside {name}, which is expanded in {uses} places")
+        raise Refusal(
+            out.shown,
+            i + 1,
+            f"the change is inside {name}, which is expanded in {uses} places",
+        )
     for j, line in enumerate(lines, j1):
         if not line.startswith(target.prefix):
-            raise Refusal(out.shown, j + 1, f"the line must start with the noweb prefix {target.prefix!r}")
-    return target.block, k1, k2, [line[len(target.prefix):] for line in lines]
+            raise Refusal(
+                out.shown,
+                j + 1,
+                f"the line must start with the noweb prefix {target.prefix!r}",
+            )
+    return target.block, k1, k2, [line[len(target.prefix) :] for line in lines]
 
 def escape(line):
     """Add the comma Org needs before a line's leading '*' or '#+'."""
@@ -1242,12 +1659,16 @@ def escape(line):
 def write_back(book, edits):
     """The org file's lines with EDITS applied to block bodies, indentation and escapes kept."""
     lines = list(book.doc.lines)
-    for block_index, k1, k2, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+    for block_index, k1, k2, new in sorted(
+        edits, key=lambda e: (e[0], e[1]), reverse=True
+    ):
         block = book.doc.blocks[block_index]
         solid = [line for line in block.raw_lines if line.strip(" \t")]
         cut = min(indentation(line) for line in solid)
         start = block.body_line - 1
-        lines[start + k1 : start + k2] = [" " * cut + escape(line) if line else "" for line in new]
+        lines[start + k1 : start + k2] = [
+            " " * cut + escape(line) if line else "" for line in new
+        ]
     return lines
 
 def detangle(path):
@@ -1256,28 +1677,45 @@ def detangle(path):
     outputs = tangle_book(book)
     recorded = read_database(path).get("files")
     if recorded is None:
-        raise Refusal(path, 1, f"no {database_name(path)}: tangle once before detangling")
+        raise Refusal(
+            path, 1, f"no {database_name(path)}: tangle once before detangling"
+        )
     base, edits, edited = base_of(path), [], []
     expected = {out.path: out.text for out in outputs}
     for out in outputs:
         disk = read_bytes(os.path.join(base, out.path))
         record = recorded.get(out.path)
-        if (disk is None or record is None or disk == out.text.encode("utf-8")
-                or hashlib.sha256(disk).hexdigest() == record["sha256"]):
+        if (
+            disk is None
+            or record is None
+            or disk == out.text.encode("utf-8")
+            or hashlib.sha256(disk).hexdigest() == record["sha256"]
+        ):
             continue
         if sha256(out.text) != record["sha256"]:
-            raise Refusal(out.shown, 1, f"both {path} and {out.shown} changed since the last tangle; "
-                          "keep one side's change (git diff shows both) and run again")
+            raise Refusal(
+                out.shown,
+                1,
+                f"both {path} and {out.shown} changed since the last tangle; "
+                "keep one side's change (git diff shows both) and run again",
+            )
         try:
             text = disk.decode("utf-8")
         except UnicodeDecodeError:
             raise Refusal(out.shown, 1, "not UTF-8")
         if not text.endswith("\n"):
-            raise Refusal(out.shown, text.count("\n") + 1, "no newline at the end of the file")
+            raise Refusal(
+                out.shown, text.count("\n") + 1, "no newline at the end of the file"
+            )
         old = [line_text(line) for line in out.lines]
         new = text[:-1].split("\n")
         matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
-        edits += [e for op in matcher.get_opcodes() if op[0] != "equal" for e in map_edit(book, out, old, new, op)]
+        edits += [
+            e
+            for op in matcher.get_opcodes()
+            if op[0] != "equal"
+            for e in map_edit(book, out, old, new, op)
+        ]
         edited.append(out.path)
         expected[out.path] = text
     if not edits:
@@ -1302,8 +1740,12 @@ def check_written_back(path, data, expected):
         raise Refusal(path, refusal.line, f"the edit cannot be written back: {refusal}")
     for name, wanted in expected.items():
         if produced.get(name) != wanted:
-            raise Refusal(os.path.join(os.path.dirname(path), name), 1, "the edit cannot be "
-                          "written back so that tangling reproduces this file exactly")
+            raise Refusal(
+                os.path.join(os.path.dirname(path), name),
+                1,
+                "the edit cannot be "
+                "written back so that tangling reproduces this file exactly",
+            )
 
 class OneLineErrors(argparse.ArgumentParser):
     def error(self, message):
@@ -1315,15 +1757,29 @@ def main(argv=None):
         description="Write the src blocks of Org files into their files, as Emacs's "
         "org-babel-tangle does (Org 9.5-9.8), refusing what Org versions tangle differently.",
     )
-    parser.add_argument("files", nargs="*", metavar="FILE.org",
-                        help="org files to tangle (default: mlplcode.org beside tangle/)")
+    parser.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE.org",
+        help="org files to tangle (default: mlplcode.org beside tangle/)",
+    )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true",
-                      help="write nothing; exit 1 and show a diff if any tangled file differs")
-    mode.add_argument("--detangle", action="store_true",
-                      help="write edits made in tangled files back into the org file")
+    mode.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 and show a diff if any tangled file differs",
+    )
+    mode.add_argument(
+        "--detangle",
+        action="store_true",
+        help="write edits made in tangled files back into the org file",
+    )
     args = parser.parse_args(argv)
-    files = args.files or [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mlplcode.org")]
+    files = args.files or [
+        os.path.join(
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mlplcode.org"
+        )
+    ]
     for path in files:
         if not os.path.isfile(path):
             parser.error(f"{path}: no such file")
@@ -1344,8 +1800,14 @@ def run(path, args):
     name = os.path.relpath(path)
     if args.detangle:
         edited = detangle(path)
-        print(f"{name}: " + (f"wrote back the edits in {', '.join(edited)}" if edited
-                             else "no tangled file was edited"))
+        print(
+            f"{name}: "
+            + (
+                f"wrote back the edits in {', '.join(edited)}"
+                if edited
+                else "no tangled file was edited"
+            )
+        )
         return 0
     book = open_book(path)
     outputs = tangle_book(book)

@@ -1,4 +1,5 @@
 """The Agent Client Protocol: mlplcode as an agent that an editor starts and talks to on stdio."""
+
 import asyncio
 import concurrent.futures
 import contextlib
@@ -13,11 +14,26 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
 from acp import PROTOCOL_VERSION, RequestError, run_agent
-from acp.schema import (AgentCapabilities, AgentMessageChunk, AgentThoughtChunk, ContentToolCallContent,
-                        FileEditToolCallContent, Implementation, InitializeResponse, LoadSessionResponse,
-                        NewSessionResponse, PermissionOption, PromptCapabilities, PromptResponse,
-                        TextContentBlock, ToolCallLocation, ToolCallProgress, ToolCallStart,
-                        ToolCallUpdate, UserMessageChunk)
+from acp.schema import (
+    AgentCapabilities,
+    AgentMessageChunk,
+    AgentThoughtChunk,
+    ContentToolCallContent,
+    FileEditToolCallContent,
+    Implementation,
+    InitializeResponse,
+    LoadSessionResponse,
+    NewSessionResponse,
+    PermissionOption,
+    PromptCapabilities,
+    PromptResponse,
+    TextContentBlock,
+    ToolCallLocation,
+    ToolCallProgress,
+    ToolCallStart,
+    ToolCallUpdate,
+    UserMessageChunk,
+)
 
 from . import __version__
 from .agent import Agent, AgentError, new_run_id, runs_directory
@@ -57,21 +73,31 @@ def error_response(code, message, id=None):
 def read_message(line):
     """LINE as (a JSON-RPC 2.0 message, None), or (None, the error response it deserves)."""
     if line is None:
-        return None, error_response(-32700, f"Parse error: a message is one line of at most {LINE_LIMIT} bytes")
+        return None, error_response(
+            -32700, f"Parse error: a message is one line of at most {LINE_LIMIT} bytes"
+        )
     try:
         message = json.loads(line)
     except (ValueError, RecursionError):
         return None, error_response(-32700, "Parse error: the line is not JSON")
     if not isinstance(message, dict):
-        return None, error_response(-32600, "Invalid Request: a message is a JSON object")
+        return None, error_response(
+            -32600, "Invalid Request: a message is a JSON object"
+        )
     problem = message_problem(message)
     if problem:
         id = message.get("id")
-        return None, error_response(-32600, f"Invalid Request: {problem}", id if valid_id(id) else None)
+        return None, error_response(
+            -32600, f"Invalid Request: {problem}", id if valid_id(id) else None
+        )
     return message, None
 
 def valid_id(id):
-    return id is None or isinstance(id, str) or (isinstance(id, int) and not isinstance(id, bool))
+    return (
+        id is None
+        or isinstance(id, str)
+        or (isinstance(id, int) and not isinstance(id, bool))
+    )
 
 def message_problem(message):
     """What keeps MESSAGE from being a JSON-RPC 2.0 request, notification or response, or ""."""
@@ -117,7 +143,9 @@ class LineTransport:
         if self.closed:
             raise ConnectionError("the client has gone")
         try:
-            self.writing.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+            self.writing.write(
+                json.dumps(message, separators=(",", ":")).encode() + b"\n"
+            )
             self.writing.flush()
         except OSError as error:
             self.closed = True
@@ -196,7 +224,9 @@ def fenced(words):
     """WORDS made visible, in a code fence longer than any run of backticks in them, so that
     a client shows them as they are instead of rendering them as Markdown."""
     words = visible(words)
-    fence = "`" * max(3, 1 + max((len(run) for run in re.findall("`+", words)), default=0))
+    fence = "`" * max(
+        3, 1 + max((len(run) for run in re.findall("`+", words)), default=0)
+    )
     return f"{fence}\n{words}\n{fence}\n"
 
 def code(words):
@@ -210,7 +240,9 @@ def agent_says(words):
     return AgentMessageChunk(session_update="agent_message_chunk", content=text(words))
 
 def person_said(words):
-    return UserMessageChunk(session_update="user_message_chunk", content=text(visible(words)))
+    return UserMessageChunk(
+        session_update="user_message_chunk", content=text(visible(words))
+    )
 
 def shown_text(words):
     return ContentToolCallContent(type="content", content=text(fenced(words)))
@@ -228,9 +260,11 @@ def location(state, step):
     if not inside(path, root):
         return None
     if action["tool"] == "patch":
-        seen = seen_files(state.steps[:step.number - 1]).get(action["path"])
+        seen = seen_files(state.steps[: step.number - 1]).get(action["path"])
         if seen and action["old"] in seen:
-            return ToolCallLocation(path=path, line=seen[:seen.index(action["old"])].count("\n") + 1)
+            return ToolCallLocation(
+                path=path, line=seen[: seen.index(action["old"])].count("\n") + 1
+            )
     return ToolCallLocation(path=path)
 
 def change(state, step, place):
@@ -240,9 +274,16 @@ def change(state, step, place):
     if action["tool"] == "patch":
         before, after = action["old"], action["new"]
     else:
-        before, after = seen_files(state.steps[:step.number - 1]).get(action["path"]), action["content"]
-    return FileEditToolCallContent(type="diff", path=place.path, new_text=visible(after),
-                                   old_text=None if before is None else visible(before))
+        before, after = (
+            seen_files(state.steps[: step.number - 1]).get(action["path"]),
+            action["content"],
+        )
+    return FileEditToolCallContent(
+        type="diff",
+        path=place.path,
+        new_text=visible(after),
+        old_text=None if before is None else visible(before),
+    )
 
 def tool_fields(state, step):
     """How a tool call shows STEP's action: a title, a kind, where it acts, and the change."""
@@ -263,7 +304,9 @@ def result(state, step):
     return made + [shown_text(step.observation["text"])]
 
 def progress(step, **changes):
-    return ToolCallProgress(session_update="tool_call_update", tool_call_id=call_id(step), **changes)
+    return ToolCallProgress(
+        session_update="tool_call_update", tool_call_id=call_id(step), **changes
+    )
 
 def updates(event, state):
     """The session updates that show EVENT; STATE is the run just after it."""
@@ -274,8 +317,14 @@ def updates(event, state):
     if kind == "reply":
         return [agent_says(fenced(event["text"]))]
     if kind == "action":
-        return [ToolCallStart(session_update="tool_call", tool_call_id=call_id(step), status="pending",
-                              **tool_fields(state, step))]
+        return [
+            ToolCallStart(
+                session_update="tool_call",
+                tool_call_id=call_id(step),
+                status="pending",
+                **tool_fields(state, step),
+            )
+        ]
     if kind == "verdict" and event["verdict"] == "allow":
         return [progress(step, status="in_progress")]
     if kind == "decision":
@@ -287,7 +336,9 @@ def updates(event, state):
     if kind == "observation":
         return [agent_says(fenced(event["text"]))]
     if kind == "stop":
-        failed = [progress(step, status="failed", content=[shown_text(event["message"])])]
+        failed = [
+            progress(step, status="failed", content=[shown_text(event["message"])])
+        ]
         said = agent_says(f"stop: {event['reason']}\n\n" + fenced(event["message"]))
         return (failed if called and step.observation is None else []) + [said]
     if kind == "resume":
@@ -299,24 +350,42 @@ def live(shown):
     client already shows."""
     return [update for update in shown if not isinstance(update, UserMessageChunk)]
 
-STOP_REASONS = {"done": "end_turn", "budget": "max_turn_requests", "denied": "refusal",
-                "interrupted": "cancelled"}
+STOP_REASONS = {
+    "done": "end_turn",
+    "budget": "max_turn_requests",
+    "denied": "refusal",
+    "interrupted": "cancelled",
+}
 
 
 def stop_reason(stop):
     """The ACP stopReason of a run's stop; a run that failed is an error response instead."""
     if stop["reason"] in STOP_REASONS:
         return STOP_REASONS[stop["reason"]]
-    raise RequestError(-32603, f"the run stopped ({stop['reason']}): {visible(stop['message'])}",
-                       {"stop": stop["reason"]})
+    raise RequestError(
+        -32603,
+        f"the run stopped ({stop['reason']}): {visible(stop['message'])}",
+        {"stop": stop["reason"]},
+    )
 
-OPTIONS = [PermissionOption(option_id="allow", name="Allow", kind="allow_once"),
-           PermissionOption(option_id="explain", name="Reject, and say why in your next message",
-                            kind="reject_once"),
-           PermissionOption(option_id="reject", name="Reject, and end the run", kind="reject_once")]
+OPTIONS = [
+    PermissionOption(option_id="allow", name="Allow", kind="allow_once"),
+    PermissionOption(
+        option_id="explain",
+        name="Reject, and say why in your next message",
+        kind="reject_once",
+    ),
+    PermissionOption(
+        option_id="reject", name="Reject, and end the run", kind="reject_once"
+    ),
+]
 
-ACP_WORDS = {"start": "a new session", "step": "a new prompt", "decide": "a new prompt",
-             "resume": "a new prompt"}
+ACP_WORDS = {
+    "start": "a new session",
+    "step": "a new prompt",
+    "decide": "a new prompt",
+    "resume": "a new prompt",
+}
 
 
 def refused(message):
@@ -331,7 +400,9 @@ def prompt_text(blocks, root):
         elif block.type == "resource_link":
             parts.append(link_text(block.uri, root))
         else:
-            raise refused(f"a prompt is text; this agent does not take {block.type} blocks")
+            raise refused(
+                f"a prompt is text; this agent does not take {block.type} blocks"
+            )
     words = "".join(parts).strip()
     if not words:
         raise refused("the prompt is empty")
@@ -345,7 +416,11 @@ def link_text(uri, root):
     """A resource link as the model can use it: a file in the root as its relative path."""
     parts = urlparse(uri)
     path = unquote(parts.path)
-    if parts.scheme == "file" and os.path.isabs(path) and inside(os.path.normpath(path), root):
+    if (
+        parts.scheme == "file"
+        and os.path.isabs(path)
+        and inside(os.path.normpath(path), root)
+    ):
         return os.path.relpath(path, root)
     return uri
 
@@ -353,6 +428,7 @@ def link_text(uri, root):
 class Session:
     """One ACP session: one run in one root. The run is its journal; these fields say where
     the conversation with the client stands."""
+
     id: str
     root: str
     agent: Agent | None = None
@@ -383,22 +459,38 @@ class FrontEnd:
         self.client = client
 
     async def initialize(self, protocol_version, **_):
-        capabilities = AgentCapabilities(load_session=True, prompt_capabilities=PromptCapabilities(
-            image=False, audio=False, embedded_context=False))
-        return InitializeResponse(protocol_version=PROTOCOL_VERSION, agent_capabilities=capabilities,
-                                  agent_info=Implementation(name="mlplcode", title="mlplcode",
-                                                            version=__version__))
+        capabilities = AgentCapabilities(
+            load_session=True,
+            prompt_capabilities=PromptCapabilities(
+                image=False, audio=False, embedded_context=False
+            ),
+        )
+        return InitializeResponse(
+            protocol_version=PROTOCOL_VERSION,
+            agent_capabilities=capabilities,
+            agent_info=Implementation(
+                name="mlplcode", title="mlplcode", version=__version__
+            ),
+        )
 
     async def new_session(self, cwd, **_):
         run = new_run_id()
-        while run in self.sessions or os.path.lexists(os.path.join(runs_directory(), f"{run}.jsonl")):
+        while run in self.sessions or os.path.lexists(
+            os.path.join(runs_directory(), f"{run}.jsonl")
+        ):
             run = new_run_id()
         session = Session(run, self.root(cwd))
         if inside(os.path.realpath(runs_directory()), session.root):
-            raise refused(f"the journals of mlplcode, in {runs_directory()}, would lie inside {session.root},"
-                          " where a run could change them; set XDG_STATE_HOME to a directory outside it")
+            raise refused(
+                f"the journals of mlplcode, in {runs_directory()}, would lie inside {session.root},"
+                " where a run could change them; set XDG_STATE_HOME to a directory outside it"
+            )
         self.sessions[session.id] = session
-        print(f"mlplcode acp: session {session.id} in {session.root}", file=sys.stderr, flush=True)
+        print(
+            f"mlplcode acp: session {session.id} in {session.root}",
+            file=sys.stderr,
+            flush=True,
+        )
         return NewSessionResponse(session_id=session.id)
 
     def root(self, cwd):
@@ -408,7 +500,9 @@ class FrontEnd:
 
     def session(self, session_id):
         if session_id not in self.sessions:
-            raise refused(f"no session {session_id!r}: start one with session/new or session/load")
+            raise refused(
+                f"no session {session_id!r}: start one with session/new or session/load"
+            )
         return self.sessions[session_id]
 
     async def prompt(self, prompt, session_id, **_):
@@ -439,7 +533,11 @@ class FrontEnd:
             if answer == "explain":
                 session.explaining = True
                 return "end_turn"
-            decide = session.agent.approve if answer == "allow" else lambda: session.agent.deny("")
+            decide = (
+                session.agent.approve
+                if answer == "allow"
+                else lambda: session.agent.deny("")
+            )
             report = await self.call(session, decide)
         return "cancelled"
 
@@ -447,8 +545,13 @@ class FrontEnd:
         """Take WORDS as the task of a new run, the reason for a no, or a note (on the Agent's thread)."""
         agent = session.agent
         if agent is None:
-            session.agent = Agent.start(words, session.root, run=session.id, **self.settings,
-                                        **self.watchers(session))
+            session.agent = Agent.start(
+                words,
+                session.root,
+                run=session.id,
+                **self.settings,
+                **self.watchers(session)
+            )
             return session.agent.report([])
         if session.explaining:
             session.explaining = False
@@ -461,8 +564,12 @@ class FrontEnd:
     async def ask(self, session, state, step):
         """The option the person chose for STEP's action, or "cancelled"."""
         request = self.client.request_permission(
-            session_id=session.id, options=OPTIONS,
-            tool_call=ToolCallUpdate(tool_call_id=call_id(step), status="pending", **tool_fields(state, step)))
+            session_id=session.id,
+            options=OPTIONS,
+            tool_call=ToolCallUpdate(
+                tool_call_id=call_id(step), status="pending", **tool_fields(state, step)
+            ),
+        )
         session.asking = asyncio.ensure_future(request)
         try:
             response = await session.asking
@@ -502,7 +609,11 @@ class FrontEnd:
     def journal(self, session_id):
         """The journal of the run SESSION_ID names, in the directory of runs, and nowhere else."""
         journal = os.path.join(runs_directory(), f"{session_id}.jsonl")
-        if session_id != os.path.basename(session_id) or session_id.startswith(".") or not os.path.isfile(journal):
+        if (
+            session_id != os.path.basename(session_id)
+            or session_id.startswith(".")
+            or not os.path.isfile(journal)
+        ):
             raise refused(f"no run {session_id!r} in {runs_directory()}")
         return journal
 
@@ -518,16 +629,29 @@ class FrontEnd:
 
     def watchers(self, session):
         """What the Agent of SESSION calls as it records events and as its model retries."""
-        return {"on_event": lambda event, state: self.tell(session, live(updates(event, state))),
-                "on_retry": lambda line: self.tell(session, [AgentThoughtChunk(
-                    session_update="agent_thought_chunk", content=text(code(line) + "\n"))])}
+        return {
+            "on_event": lambda event, state: self.tell(
+                session, live(updates(event, state))
+            ),
+            "on_retry": lambda line: self.tell(
+                session,
+                [
+                    AgentThoughtChunk(
+                        session_update="agent_thought_chunk",
+                        content=text(code(line) + "\n"),
+                    )
+                ],
+            ),
+        }
 
     def tell(self, session, shown):
         """Send the updates SHOWN, in order, and wait until they are written (on the Agent's
         thread); a client that has gone is told nothing."""
+    
         async def send():
             for update in shown:
                 await self.client.session_update(session_id=session.id, update=update)
+    
         with contextlib.suppress(ConnectionError):
             asyncio.run_coroutine_threadsafe(send(), self.loop).result()
 
@@ -535,12 +659,25 @@ def serve(model, policy, budget, model_options):
     """Speak ACP on stdin and stdout until the client closes stdin; return the exit status."""
     model_from_spec(model, **model_options)
     reading, writing = take_stdio()
-    print(f"mlplcode acp: protocol version {PROTOCOL_VERSION} on stdin and stdout;"
-          f" journals in {runs_directory()}", file=sys.stderr, flush=True)
+    print(
+        f"mlplcode acp: protocol version {PROTOCOL_VERSION} on stdin and stdout;"
+        f" journals in {runs_directory()}",
+        file=sys.stderr,
+        flush=True,
+    )
     worker = AgentThread()
-    front = FrontEnd(worker, {"model": model, "policy": policy, "budget": budget,
-                              "model_options": model_options})
-    threading.Thread(target=asyncio.run, args=(front.speak(reading, writing),), daemon=True).start()
+    front = FrontEnd(
+        worker,
+        {
+            "model": model,
+            "policy": policy,
+            "budget": budget,
+            "model_options": model_options,
+        },
+    )
+    threading.Thread(
+        target=asyncio.run, args=(front.speak(reading, writing),), daemon=True
+    ).start()
     try:
         worker.serve()
     except KeyboardInterrupt:

@@ -1,4 +1,5 @@
 """The agent as an object: the one driver of a run, kept in its journal, driven one call at a time."""
+
 import contextlib
 import json
 import os
@@ -7,8 +8,18 @@ import time
 from dataclasses import dataclass
 
 from . import compaction, loop
-from .journal import (DEFAULT_BUDGET, State, append_event, apply, cut_torn_line, fold,
-                      read_events, snapshot, sync_journal, waiting_step)
+from .journal import (
+    DEFAULT_BUDGET,
+    State,
+    append_event,
+    apply,
+    cut_torn_line,
+    fold,
+    read_events,
+    snapshot,
+    sync_journal,
+    waiting_step,
+)
 from .models import ModelError, lasting_spec, model_from_spec, settled_options
 from .policy import DEFAULT_POLICY, whole_policy
 from .prompt import Rendered, build_context
@@ -17,8 +28,12 @@ from .tools.project import open_project
 from .trust import inside
 from .verify import snapshot_tests
 
-PYTHON_WORDS = {"step": "step()", "decide": "approve() or deny(reason)",
-                "start": "Agent.start(task, root, model)", "resume": "resume()"}
+PYTHON_WORDS = {
+    "step": "step()",
+    "decide": "approve() or deny(reason)",
+    "start": "Agent.start(task, root, model)",
+    "resume": "resume()",
+}
 
 
 class AgentError(Exception):
@@ -63,13 +78,20 @@ def check_start(start, journal):
         with open(kept, encoding="utf-8") as file:
             copies = [json.loads(line) for line in file if line.strip()]
     except FileNotFoundError:
-        raise ValueError(f"{journal}: this machine started no run {start['run']} (no copy of its"
-                         f" start event in {starts_directory()}); replay it rather than take it up") from None
+        raise ValueError(
+            f"{journal}: this machine started no run {start['run']} (no copy of its"
+            f" start event in {starts_directory()}); replay it rather than take it up"
+        ) from None
     if start not in copies:
-        changed = sorted(key for key in start.keys() | copies[0].keys()
-                         if start.get(key) != copies[0].get(key))
-        raise ValueError(f"{journal}: its start event is not the one this run began with ({', '.join(changed)}"
-                         " changed since); refusing to take it up")
+        changed = sorted(
+            key
+            for key in start.keys() | copies[0].keys()
+            if start.get(key) != copies[0].get(key)
+        )
+        raise ValueError(
+            f"{journal}: its start event is not the one this run began with ({', '.join(changed)}"
+            " changed since); refusing to take it up"
+        )
 
 def journal_path(journal, root, run):
     """The absolute path for a new run's journal; refuses one that exists or lies in ROOT."""
@@ -77,16 +99,29 @@ def journal_path(journal, root, run):
     if os.path.lexists(path):
         raise ValueError(f"{path} already exists; a journal holds one run")
     if inside(os.path.realpath(path), os.path.realpath(root)):
-        raise ValueError(f"{path} is inside the project; a journal must lie where the run cannot"
-                         " change it (leave it out to use the default place)")
+        raise ValueError(
+            f"{path} is inside the project; a journal must lie where the run cannot"
+            " change it (leave it out to use the default place)"
+        )
     return path
 
 class Agent:
     """One run of the loop, kept in its journal, driven one call at a time."""
 
     @classmethod
-    def start(cls, task, root, model, journal=None, budget=DEFAULT_BUDGET, policy=DEFAULT_POLICY,
-              model_options=None, on_event=None, on_retry=None, run=None):
+    def start(
+        cls,
+        task,
+        root,
+        model,
+        journal=None,
+        budget=DEFAULT_BUDGET,
+        policy=DEFAULT_POLICY,
+        model_options=None,
+        on_event=None,
+        on_retry=None,
+        run=None,
+    ):
         """Start a new run and return its Agent; refuses, before anything is written, a root
         that is not a directory, a journal that exists or lies in the root, and a model spec
         that names no model."""
@@ -94,19 +129,33 @@ class Agent:
             raise ValueError(f"{root}: not a directory")
         run, options = run or new_run_id(), settled_options(model, model_options or {})
         journal = journal_path(journal, root, run)
-        built = model_from_spec(model, **options, **({"on_retry": on_retry} if on_retry else {}))
+        built = model_from_spec(
+            model, **options, **({"on_retry": on_retry} if on_retry else {})
+        )
         os.makedirs(os.path.dirname(journal), exist_ok=True)
         root = os.path.realpath(root)
-        start = {"type": "start", "task": task, "budget": budget, "policy": policy,
-                 "model": lasting_spec(model), "model_options": options,
-                 "root": root, "run": run, "tests": snapshot_tests(root)}
+        start = {
+            "type": "start",
+            "task": task,
+            "budget": budget,
+            "policy": policy,
+            "model": lasting_spec(model),
+            "model_options": options,
+            "root": root,
+            "run": run,
+            "tests": snapshot_tests(root),
+        }
         append_event(journal, start)
         keep_start(start)
         return cls(journal, on_event, on_retry, model=built)
 
     def __init__(self, journal, on_event=None, on_retry=None, model=None):
         """The run recorded in JOURNAL, taken up where it stopped."""
-        self.journal, self.on_event, self.on_retry = os.path.abspath(journal), on_event, on_retry
+        self.journal, self.on_event, self.on_retry = (
+            os.path.abspath(journal),
+            on_event,
+            on_retry,
+        )
         cut_torn_line(self.journal)
         self.load(model)
 
@@ -119,9 +168,15 @@ class Agent:
         whole_policy(start["policy"], self.journal)
         goes_on = state.stop is None or state.stop["reason"] == "interrupted"
         if goes_on:
-            check_start(start, self.journal)  # before the agent becomes what a forged journal says
+            check_start(
+                start, self.journal
+            )  # before the agent becomes what a forged journal says
         self.events, self.state = events, state
-        self.run_id, self.root, self.model_spec = start["run"], start["root"], start["model"]
+        self.run_id, self.root, self.model_spec = (
+            start["run"],
+            start["root"],
+            start["model"],
+        )
         self.rendered, self.project, self.model = Rendered(), None, None
         if goes_on:
             if not os.path.isdir(self.root):
@@ -129,7 +184,9 @@ class Agent:
             self.project = open_project(self.root)
             retry = {"on_retry": self.on_retry} if self.on_retry else {}
             used = len(self.state.steps) + self.state.compactions
-            self.model = model or model_from_spec(self.model_spec, used=used, **start["model_options"], **retry)
+            self.model = model or model_from_spec(
+                self.model_spec, used=used, **start["model_options"], **retry
+            )
 
     def record(self, event):
         """Append EVENT to the journal, flushed, then apply it to the state and tell the watcher."""
@@ -170,8 +227,12 @@ class Agent:
         """Take COUNT steps (any number for None), stopping when an ask waits or the run stops."""
         state, first, taken = self.state, len(self.state.steps) + 1, 0
         with self.interruptible():
-            while (count is None or taken < count) and not (state.stop or waiting_step(state)):
-                self.project = loop.step(state, self.model, self.project, self.record, self.rendered)
+            while (count is None or taken < count) and not (
+                state.stop or waiting_step(state)
+            ):
+                self.project = loop.step(
+                    state, self.model, self.project, self.record, self.rendered
+                )
                 taken += 1
         return self.report(range(first, len(state.steps) + 1))
 
@@ -189,7 +250,9 @@ class Agent:
         """The step that waits for a decision; refuses when none does."""
         waiting = waiting_step(self.state)
         if waiting is None:
-            raise AgentError("nothing is waiting for a decision", "start" if self.state.stop else "step")
+            raise AgentError(
+                "nothing is waiting for a decision", "start" if self.state.stop else "step"
+            )
         return waiting
 
     def approve(self):
@@ -200,7 +263,9 @@ class Agent:
         """Record the decision on the step that waits and do what it means (chapter "The loop")."""
         number = self.waiting().number
         with self.interruptible():
-            self.project = loop.decide(self.state, approved, reason, self.project, self.record)
+            self.project = loop.decide(
+                self.state, approved, reason, self.project, self.record
+            )
         return self.report([number])
 
     def deny(self, reason=""):
@@ -211,7 +276,10 @@ class Agent:
     def note(self, text):
         """Record a note from the human; the model sees it in its next prompt."""
         if self.state.stop:
-            raise AgentError(f"the run has stopped ({self.state.stop['reason']}); no model will read a note", "start")
+            raise AgentError(
+                f"the run has stopped ({self.state.stop['reason']}); no model will read a note",
+                "start",
+            )
         with self.interruptible():
             self.record({"type": "note", "text": text})
 
@@ -230,6 +298,7 @@ class Agent:
     def fork(self, at, journal=None):
         """A new run that takes this one up as it stood before step AT, in a copy of its project."""
         from .branch import fork
+    
         sync_journal(self.journal)
         return Agent(fork(self.journal, at, journal)[0], self.on_event, self.on_retry)
 
@@ -237,7 +306,10 @@ class Agent:
         """Take up a run that was interrupted or cut short; refuses one that has finished."""
         stopped = self.state.stop
         if stopped and stopped["reason"] != "interrupted":
-            raise AgentError(f"the run has stopped ({stopped['reason']}) and cannot be taken up again", "start")
+            raise AgentError(
+                f"the run has stopped ({stopped['reason']}) and cannot be taken up again",
+                "start",
+            )
         with self.interruptible():
             if stopped:
                 self.record({"type": "resume"})
@@ -254,7 +326,12 @@ class Agent:
             self.load()
             self.close_cut_step()
             if not self.state.stop:
-                self.record(loop.stop("interrupted", f"the human stopped the run after step {len(self.state.steps)}"))
+                self.record(
+                    loop.stop(
+                        "interrupted",
+                        f"the human stopped the run after step {len(self.state.steps)}",
+                    )
+                )
             raise
         finally:
             sync_journal(self.journal)
@@ -263,9 +340,19 @@ class Agent:
         """Give the last step an observation if an interrupt or a crash left it without one."""
         state = self.state
         last = state.steps[-1] if state.steps else None
-        if last and last.observation is None and state.stop is None and not waiting_step(state):
-            self.record(loop.observation(last.number, False,
-                                         "INTERRUPTED: the human stopped this step before it finished"))
+        if (
+            last
+            and last.observation is None
+            and state.stop is None
+            and not waiting_step(state)
+        ):
+            self.record(
+                loop.observation(
+                    last.number,
+                    False,
+                    "INTERRUPTED: the human stopped this step before it finished",
+                )
+            )
 
     def report(self, numbers):
         """A Report of the steps NUMBERS, in the state as it is now."""
@@ -274,6 +361,7 @@ class Agent:
 @dataclass(frozen=True)
 class Report:
     """What one call did: the steps it took or finished, seen in the state after it."""
+
     run: str
     state: State
     numbers: tuple

@@ -9,6 +9,7 @@
 This file is tangled from mlplcode.org (chapter "Org-babel"); edit the book,
 not this file.
 """
+
 import argparse
 import hashlib
 import json
@@ -50,11 +51,16 @@ class Session:
 def find_session(name, org_file=None):
     """The files of session NAME of ORG_FILE (or of no file), in a private folder of Jupyter's runtime directory."""
     if not SESSION_NAME.fullmatch(name):
-        raise BridgeError(f"session {name!r}: a session name is letters, digits and . _ + -")
+        raise BridgeError(
+            f"session {name!r}: a session name is letters, digits and . _ + -"
+        )
     directory = os.path.join(os.path.realpath(jupyter_runtime_dir()), "mlplcode-babel")
     os.makedirs(directory, mode=0o700, exist_ok=True)
     if org_file:
-        directory = os.path.join(directory, hashlib.sha256(os.fsencode(os.path.realpath(org_file))).hexdigest()[:16])
+        directory = os.path.join(
+            directory,
+            hashlib.sha256(os.fsencode(os.path.realpath(org_file))).hexdigest()[:16],
+        )
         os.makedirs(directory, mode=0o700, exist_ok=True)
     base = os.path.join(directory, name)
     return Session(name, base + ".json", base + ".pid", base + ".log")
@@ -79,7 +85,9 @@ def running_pid(session):
     return pid
 
 def remove_files(session, *, log=False):
-    for path in (session.connection_file, session.pid_file) + ((session.log_file,) if log else ()):
+    for path in (session.connection_file, session.pid_file) + (
+        (session.log_file,) if log else ()
+    ):
         try:
             os.remove(path)
         except FileNotFoundError:
@@ -89,32 +97,59 @@ def kernel_spec(kernel):
     try:
         return KernelSpecManager().get_kernel_spec(kernel)
     except NoSuchKernel:
-        raise BridgeError(f"no Jupyter kernel named {kernel!r} (`jupyter kernelspec list` shows "
-                          "the installed ones; `mlplcode kernel install` installs mlplcode)") from None
+        raise BridgeError(
+            f"no Jupyter kernel named {kernel!r} (`jupyter kernelspec list` shows "
+            "the installed ones; `mlplcode kernel install` installs mlplcode)"
+        ) from None
 
 def kernel_command(spec, connection_file):
     """The kernelspec's argv with its {fields} filled in, as jupyter_client fills them."""
-    fields = {"connection_file": connection_file, "resource_dir": spec.resource_dir, "prefix": sys.prefix}
-    argv = [re.sub(r"\{(\w+)\}", lambda m: fields.get(m.group(1), m.group(0)), arg) for arg in spec.argv]
-    if argv and argv[0] in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"):
+    fields = {
+        "connection_file": connection_file,
+        "resource_dir": spec.resource_dir,
+        "prefix": sys.prefix,
+    }
+    argv = [
+        re.sub(r"\{(\w+)\}", lambda m: fields.get(m.group(1), m.group(0)), arg)
+        for arg in spec.argv
+    ]
+    if argv and argv[0] in (
+        "python",
+        "python3",
+        f"python{sys.version_info[0]}.{sys.version_info[1]}",
+    ):
         argv[0] = sys.executable
     return argv
 
 def kernel_environment(spec):
     env = {key: value for key, value in os.environ.items() if key != "JPY_PARENT_PID"}
-    env.update({key: string.Template(value).safe_substitute(env) for key, value in spec.env.items()})
+    env.update(
+        {
+            key: string.Template(value).safe_substitute(env)
+            for key, value in spec.env.items()
+        }
+    )
     return env
 
 def start_kernel(session, kernel):
     """Launch KERNEL for SESSION, detached from this process; return a client once it answers."""
     spec = kernel_spec(kernel)
     remove_files(session)
-    write_connection_file(session.connection_file, ip="127.0.0.1",
-                          key=secrets.token_hex(32).encode(), kernel_name=kernel)
+    write_connection_file(
+        session.connection_file,
+        ip="127.0.0.1",
+        key=secrets.token_hex(32).encode(),
+        kernel_name=kernel,
+    )
     with open(session.log_file, "ab") as log:
-        process = subprocess.Popen(kernel_command(spec, session.connection_file),
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                   env=kernel_environment(spec), start_new_session=True)
+        process = subprocess.Popen(
+            kernel_command(spec, session.connection_file),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=kernel_environment(spec),
+            start_new_session=True,
+        )
     with open(session.pid_file, "w") as f:
         f.write(str(process.pid))
     client = connect(session)
@@ -125,10 +160,15 @@ def start_kernel(session, kernel):
         if process.poll() is not None or time.monotonic() > deadline:
             client.stop_channels()
             stop(session, keep_log=True)
-            how = (f"exited with status {process.returncode}" if process.returncode is not None
-                   else f"did not answer in {START_TIMEOUT} s")
-            raise BridgeError(f"the {kernel} kernel {how} while starting: "
-                              f"{last_line(session.log_file)!r}; its output is in {session.log_file}")
+            how = (
+                f"exited with status {process.returncode}"
+                if process.returncode is not None
+                else f"did not answer in {START_TIMEOUT} s"
+            )
+            raise BridgeError(
+                f"the {kernel} kernel {how} while starting: "
+                f"{last_line(session.log_file)!r}; its output is in {session.log_file}"
+            )
 
 def last_line(path):
     with open(path, encoding="utf-8", errors="replace") as f:
@@ -145,7 +185,12 @@ def answers(client, seconds):
     """Whether the kernel answers a kernel_info request, on the output channel too, within SECONDS."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if collect(client, client.kernel_info(), min(0.5, deadline - time.monotonic()), Outputs()):
+        if collect(
+            client,
+            client.kernel_info(),
+            min(0.5, deadline - time.monotonic()),
+            Outputs(),
+        ):
             return True
     return False
 
@@ -157,13 +202,17 @@ def attach(session, kernel):
     with open(session.connection_file) as f:
         running = json.load(f).get("kernel_name")
     if running != kernel:
-        raise BridgeError(f"session {session.name} runs the {running} kernel, not {kernel}; "
-                          "stop it first (M-x ob-mlplcode-stop-session, or --stop)")
+        raise BridgeError(
+            f"session {session.name} runs the {running} kernel, not {kernel}; "
+            "stop it first (M-x ob-mlplcode-stop-session, or --stop)"
+        )
     client = connect(session)
     if not answers(client, ANSWER_TIMEOUT):
         client.stop_channels()
-        raise BridgeError(f"the kernel of session {session.name} did not answer in {ANSWER_TIMEOUT} s; "
-                          "it may still be running another block (--stop ends it)")
+        raise BridgeError(
+            f"the kernel of session {session.name} did not answer in {ANSWER_TIMEOUT} s; "
+            "it may still be running another block (--stop ends it)"
+        )
     return client, False
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -177,7 +226,11 @@ def plain(content):
 
 def error_text(content):
     traceback = [ANSI.sub("", line) for line in content.get("traceback") or []]
-    return "\n".join(traceback) if traceback else f"{content.get('ename')}: {content.get('evalue')}"
+    return (
+        "\n".join(traceback)
+        if traceback
+        else f"{content.get('ename')}: {content.get('evalue')}"
+    )
 
 class Outputs:
     """The outputs of one cell as text, kept the way a notebook keeps them."""
@@ -214,7 +267,9 @@ class Outputs:
             self.add(error_text(content))
 
     def text(self):
-        return "".join(text if text.endswith("\n") else text + "\n" for _, text in self.items)
+        return "".join(
+            text if text.endswith("\n") else text + "\n" for _, text in self.items
+        )
 
 def execute(session, client, code, timeout, outputs):
     """Run CODE, collecting OUTPUTS; return how it ended: ok, error, aborted, timeout or interrupted."""
@@ -240,12 +295,17 @@ def collect(client, request, seconds, outputs):
     deadline = time.monotonic() + seconds
     while True:
         try:
-            message = client.iopub_channel.get_msg(timeout=max(0.0, deadline - time.monotonic()))
+            message = client.iopub_channel.get_msg(
+                timeout=max(0.0, deadline - time.monotonic())
+            )
         except queue.Empty:
             return False
         if message["parent_header"].get("msg_id") != request:
             continue
-        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+        if (
+            message["msg_type"] == "status"
+            and message["content"]["execution_state"] == "idle"
+        ):
             return True
         outputs.hook(message)
 
@@ -253,9 +313,13 @@ def reply_to(client, request):
     deadline = time.monotonic() + ANSWER_TIMEOUT
     while True:
         try:
-            message = client.shell_channel.get_msg(timeout=max(0.0, deadline - time.monotonic()))
+            message = client.shell_channel.get_msg(
+                timeout=max(0.0, deadline - time.monotonic())
+            )
         except queue.Empty:
-            raise BridgeError(f"the kernel sent no reply to the block in {ANSWER_TIMEOUT} s") from None
+            raise BridgeError(
+                f"the kernel sent no reply to the block in {ANSWER_TIMEOUT} s"
+            ) from None
         if message["parent_header"].get("msg_id") == request:
             return message["content"]
 
@@ -280,10 +344,16 @@ def run_block(session, kernel, timeout, output):
         client.stop_channels()
     text = outputs.text()
     if restarted:
-        text = f"[session {session.name}: its kernel had stopped; this block ran in a new one]\n" + text
+        text = (
+            f"[session {session.name}: its kernel had stopped; this block ran in a new one]\n"
+            + text
+        )
     if status in ("timeout", "interrupted"):
-        stopped = (f"the block ran for more than {timeout:g} s and was interrupted" if status == "timeout"
-                   else "interrupted; the kernel was interrupted too")
+        stopped = (
+            f"the block ran for more than {timeout:g} s and was interrupted"
+            if status == "timeout"
+            else "interrupted; the kernel was interrupted too"
+        )
         write_text(visible(text) + f"[{stopped}]\n", output)
         print(f"mlplcode.babel: {stopped}", file=sys.stderr)
         return 3
@@ -313,7 +383,10 @@ def stop(session, *, keep_log=False):
         client = connect(session)
         request = client.shutdown()
         try:
-            while client.control_channel.get_msg(timeout=5)["parent_header"].get("msg_id") != request:
+            while (
+                client.control_channel.get_msg(timeout=5)["parent_header"].get("msg_id")
+                != request
+            ):
                 pass
         except queue.Empty:
             pass
@@ -334,10 +407,15 @@ def lisp_file():
 
 def init_lines():
     """The lines for Emacs's init file that load ob-mlplcode.el and run its bridge with this Python."""
-    return "\n".join([";; mlplcode's org-babel blocks (these lines are printed by python3 -m mlplcode.babel --init)",
-                      f"(setq ob-mlplcode-python {lisp_string(sys.executable)})",
-                      f"(load {lisp_string(lisp_file())})",
-                      "(ob-mlplcode-allow-stepping-blocks)", ""])
+    return "\n".join(
+        [
+            ";; mlplcode's org-babel blocks (these lines are printed by python3 -m mlplcode.babel --init)",
+            f"(setq ob-mlplcode-python {lisp_string(sys.executable)})",
+            f"(load {lisp_string(lisp_file())})",
+            "(ob-mlplcode-allow-stepping-blocks)",
+            "",
+        ]
+    )
 
 
 def lisp_string(text):
@@ -346,18 +424,45 @@ def lisp_string(text):
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python3 -m mlplcode.babel",
-        description="Run the cells read from standard input in the Jupyter kernel of an org-babel session.")
-    parser.add_argument("--session", default="default", metavar="NAME", help="the session (default: default)")
-    parser.add_argument("--org-file", metavar="FILE", help="the org file the session belongs to (default: none)")
-    parser.add_argument("--kernel", default="mlplcode", metavar="NAME",
-                        help="the kernel a new session starts (default: mlplcode)")
-    parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                        help=f"interrupt a block that runs longer (default: {DEFAULT_TIMEOUT})")
-    parser.add_argument("--output", metavar="FILE", help="write the block's text to FILE (default: standard output)")
+        description="Run the cells read from standard input in the Jupyter kernel of an org-babel session.",
+    )
+    parser.add_argument(
+        "--session",
+        default="default",
+        metavar="NAME",
+        help="the session (default: default)",
+    )
+    parser.add_argument(
+        "--org-file",
+        metavar="FILE",
+        help="the org file the session belongs to (default: none)",
+    )
+    parser.add_argument(
+        "--kernel",
+        default="mlplcode",
+        metavar="NAME",
+        help="the kernel a new session starts (default: mlplcode)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"interrupt a block that runs longer (default: {DEFAULT_TIMEOUT})",
+    )
+    parser.add_argument(
+        "--output",
+        metavar="FILE",
+        help="write the block's text to FILE (default: standard output)",
+    )
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--stop", action="store_true", help="stop the session's kernel")
-    action.add_argument("--lisp-file", action="store_true", help="print where ob-mlplcode.el is")
-    action.add_argument("--init", action="store_true", help="print the lines for Emacs's init file")
+    action.add_argument(
+        "--lisp-file", action="store_true", help="print where ob-mlplcode.el is"
+    )
+    action.add_argument(
+        "--init", action="store_true", help="print the lines for Emacs's init file"
+    )
     return parser
 
 def seconds(text):
@@ -366,27 +471,41 @@ def seconds(text):
     except ValueError:
         value = 0
     if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a positive number of seconds"
+        )
     return value
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         if args.lisp_file or args.init:
-            print(lisp_file() if args.lisp_file else init_lines(), end="\n" if args.lisp_file else "")
+            print(
+                lisp_file() if args.lisp_file else init_lines(),
+                end="\n" if args.lisp_file else "",
+            )
             return 0
         session = find_session(args.session, args.org_file)
         if args.stop:
             pid = stop(session)
-            write_text(f"session {session.name}: stopped its kernel (pid {pid})\n" if pid
-                       else f"session {session.name}: no kernel was running\n", args.output)
+            write_text(
+                (
+                    f"session {session.name}: stopped its kernel (pid {pid})\n"
+                    if pid
+                    else f"session {session.name}: no kernel was running\n"
+                ),
+                args.output,
+            )
             return 0
         return run_block(session, args.kernel, args.timeout, args.output)
     except BridgeError as error:
         print(f"mlplcode.babel: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        write_text("[interrupted before the block reached the kernel; nothing ran]\n", args.output)
+        write_text(
+            "[interrupted before the block reached the kernel; nothing ran]\n",
+            args.output,
+        )
         print("mlplcode.babel: interrupted", file=sys.stderr)
         return 3
 

@@ -1,4 +1,5 @@
 """Branching: a new run that takes up an old one as it stood before one of its steps."""
+
 import hashlib
 import json
 import os
@@ -20,8 +21,10 @@ def known_before(state, path, at):
     """The text of PATH as the run knew it before step AT (None: the file did not exist yet),
     or raises ValueError when the journal cannot tell."""
     text, known = None, False
-    for step in state.steps[:at - 1]:
-        if step.action.get("path") != path or not (step.observation and step.observation["ok"]):
+    for step in state.steps[: at - 1]:
+        if step.action.get("path") != path or not (
+            step.observation and step.observation["ok"]
+        ):
             continue
         tool = step.action["tool"]
         if tool == "read":
@@ -33,13 +36,17 @@ def known_before(state, path, at):
     if not known:
         text, known = first_sight(state, path, at)
     if not known or (text is not None and "[redacted]" in text):
-        raise ValueError(f"{path}: the journal does not say what it held before step {at}")
+        raise ValueError(
+            f"{path}: the journal does not say what it held before step {at}"
+        )
     return text
 
 def first_sight(state, path, at):
     """What the steps from AT on tell of PATH as it was at AT: (text or None, whether they tell)."""
-    for step in state.steps[at - 1:]:
-        tool, ok = step.action.get("tool"), bool(step.observation and step.observation["ok"])
+    for step in state.steps[at - 1 :]:
+        tool, ok = step.action.get("tool"), bool(
+            step.observation and step.observation["ok"]
+        )
         if tool == "run" and ok:
             return None, False
         if step.action.get("path") != path or not ok:
@@ -51,9 +58,15 @@ def first_sight(state, path, at):
 
 def changed_paths(state, at):
     """The paths that steps AT and later wrote or patched."""
-    return sorted({step.action["path"] for step in state.steps[at - 1:]
-                   if step.action.get("tool") in ("write", "patch") and step.observation
-                   and step.observation["ok"]})
+    return sorted(
+        {
+            step.action["path"]
+            for step in state.steps[at - 1 :]
+            if step.action.get("tool") in ("write", "patch")
+            and step.observation
+            and step.observation["ok"]
+        }
+    )
 
 
 def restore(root, texts):
@@ -80,18 +93,38 @@ def fork(journal, at, new_journal=None):
         raise ValueError(f"{journal}: the run's project {state.start['root']} is gone")
     texts = {path: known_before(state, path, at) for path in changed_paths(state, at)}
     run = new_run_id()
-    copy = os.path.join(os.path.dirname(runs_directory()), "branches", run,
-                        os.path.basename(state.start["root"]))
+    copy = os.path.join(
+        os.path.dirname(runs_directory()),
+        "branches",
+        run,
+        os.path.basename(state.start["root"]),
+    )
     new_journal = journal_path(new_journal, copy, run)
     shutil.copytree(state.start["root"], copy, symlinks=True)
     restore(copy, texts)
     os.makedirs(os.path.dirname(new_journal), exist_ok=True)
-    after_start, start = kept[kept.index(state.start) + 1:], {**state.start, "run": run, "root": copy}
-    for event in [{"type": "branch", "parent": os.path.abspath(journal), "sha256": digest, "at": at},
-                  start, *after_start]:
+    after_start, start = kept[kept.index(state.start) + 1 :], {
+        **state.start,
+        "run": run,
+        "root": copy,
+    }
+    for event in [
+        {
+            "type": "branch",
+            "parent": os.path.abspath(journal),
+            "sha256": digest,
+            "at": at,
+        },
+        start,
+        *after_start,
+    ]:
         append_event(new_journal, event)
     keep_start(start)
-    untold = [step.number for step in state.steps[at - 1:] if step.action.get("tool") == "run"]
+    untold = [
+        step.number
+        for step in state.steps[at - 1 :]
+        if step.action.get("tool") == "run"
+    ]
     return new_journal, copy, untold
 
 def first_event(journal):
@@ -106,7 +139,11 @@ def tree_view(journal):
     """A view of JOURNAL's ancestors, JOURNAL, and the runs branched from it."""
     view, ancestors, here = [("title", "", "runs")], [], os.path.abspath(journal)
     event = first_event(here)
-    while isinstance(event, dict) and event.get("type") == "branch" and len(ancestors) < 100:
+    while (
+        isinstance(event, dict)
+        and event.get("type") == "branch"
+        and len(ancestors) < 100
+    ):
         ancestors.append((event["parent"], event["at"]))
         event = first_event(event["parent"])
     for parent, at in reversed(ancestors):
@@ -117,6 +154,10 @@ def tree_view(journal):
         for name in sorted(os.listdir(folder)):
             path = os.path.join(folder, name)
             event = first_event(path) if name.endswith(".jsonl") else None
-            if isinstance(event, dict) and event.get("type") == "branch" and event.get("parent") == here:
+            if (
+                isinstance(event, dict)
+                and event.get("type") == "branch"
+                and event.get("parent") == here
+            ):
                 view.append(("line", "branch", f"{path} (before step {event['at']})"))
     return view

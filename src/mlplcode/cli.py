@@ -1,4 +1,5 @@
 """The mlplcode command line: run, replay, resume, demo, kernel install, export and acp."""
+
 import argparse
 import json
 import os
@@ -11,19 +12,25 @@ from .journal import DEFAULT_BUDGET
 from .models import DEFAULT_TIMEOUT, GRAMMAR_CHOICES, SPEC_KINDS, ModelError
 from .trust import visible
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
+EXAMPLES = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "examples",
+)
 
 def step_line(step):
     """One line per step: number, action, verdict, and the observation's first line; below it,
     for a reply that did not parse, the reply's first lines."""
     from .protocol import headline
+
     action = headline(step.action) if "tool" in step.action else "(reply not parsed)"
     verdict = step.verdict or "none"
     if step.approved is not None:
         verdict += ", approved" if step.approved else ", declined"
     text = step.observation["text"] if step.observation else ""
     summary = text.split("\n", 1)[0][:70]
-    line = visible(f"step {step.number:>2}  {action[:40]:<40}  {verdict:<15}  {summary}")
+    line = visible(
+        f"step {step.number:>2}  {action[:40]:<40}  {verdict:<15}  {summary}"
+    )
     return line if "tool" in step.action else line + "\n" + reply_excerpt(step.reply)
 
 REPLY_LINES_SHOWN = 3
@@ -33,7 +40,10 @@ REPLY_LINE_CHARS = 100
 def reply_excerpt(reply):
     """The first lines of REPLY, made visible and indented under its step's line."""
     lines = reply.strip("\n").split("\n") if reply.strip() else ["(an empty reply)"]
-    shown = [f"         | {visible(line)[:REPLY_LINE_CHARS]}" for line in lines[:REPLY_LINES_SHOWN]]
+    shown = [
+        f"         | {visible(line)[:REPLY_LINE_CHARS]}"
+        for line in lines[:REPLY_LINES_SHOWN]
+    ]
     left = len(lines) - REPLY_LINES_SHOWN
     if left > 0:
         shown.append(f"         | ({left} more line{'s' if left > 1 else ''})")
@@ -45,8 +55,18 @@ def print_event(event, state):
     last = state.steps[-1] if state.steps else None
     if event["type"] == "observation":
         print(step_line(last), flush=True)
-    elif event["type"] == "verdict" and event["verdict"] == "ask" and last.action["tool"] == "done":
-        print(visible(f"step {last.number:>2}  {event['reason']}\n{event['target']['diff']}"), end="", flush=True)
+    elif (
+        event["type"] == "verdict"
+        and event["verdict"] == "ask"
+        and last.action["tool"] == "done"
+    ):
+        print(
+            visible(
+                f"step {last.number:>2}  {event['reason']}\n{event['target']['diff']}"
+            ),
+            end="",
+            flush=True,
+        )
     elif event["type"] == "stop":
         if last and last.observation is None:
             print(step_line(last))
@@ -56,11 +76,14 @@ def print_event(event, state):
 def drive(agent, decider):
     """Run AGENT to its stop, printing as it goes; return the exit status."""
     from .trust import sandbox_banner
+
     print(visible(f"task: {agent.state.task}"))
     print(f"RUN: {sandbox_banner(agent.project.programs['bwrap'])}")
     if not agent.project.history.complete:
-        print("secrets: git history read for the newest commits only; values of secret files"
-              " in older commits are not redacted")
+        print(
+            "secrets: git history read for the newest commits only; values of secret files"
+            " in older commits are not redacted"
+        )
     print(f"journal: {agent.journal}", flush=True)
     try:
         agent.drive(decider)
@@ -71,13 +94,25 @@ def drive(agent, decider):
 def command_run(args):
     from .agent import Agent
     from .policy import DEFAULT_POLICY, load_policy
+
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
-    options = {"timeout": args.timeout, "grammar": args.grammar,
-               **({"api_key_env": args.api_key_env} if args.api_key_env else {}),
-               **({"context": args.context} if args.context else {})}
-    agent = Agent.start(args.task, existing_directory(args.root), args.model, journal=args.journal,
-                        budget=args.budget, policy=policy, model_options=options,
-                        on_event=print_event, on_retry=print_retry)
+    options = {
+        "timeout": args.timeout,
+        "grammar": args.grammar,
+        **({"api_key_env": args.api_key_env} if args.api_key_env else {}),
+        **({"context": args.context} if args.context else {}),
+    }
+    agent = Agent.start(
+        args.task,
+        existing_directory(args.root),
+        args.model,
+        journal=args.journal,
+        budget=args.budget,
+        policy=policy,
+        model_options=options,
+        on_event=print_event,
+        on_retry=print_retry,
+    )
     return drive(agent, decider(args))
 
 def print_retry(line):
@@ -86,45 +121,69 @@ def print_retry(line):
 def decider(args):
     """Who answers an ask: --yes, --no, the person at the terminal, or no one (a no)."""
     from .policy import always, terminal_decider
+
     if args.yes or args.no:
         return always(args.yes)
     return terminal_decider() if sys.stdin.isatty() else always(False)
 
 def replayed_decisions(events):
     """A decider that gives the recorded answers to asks, in order, reasons and all; then no."""
-    answers = iter([(event["approved"], event.get("reason", ""))
-                    for event in events if event["type"] == "decision"])
+    answers = iter(
+        [
+            (event["approved"], event.get("reason", ""))
+            for event in events
+            if event["type"] == "decision"
+        ]
+    )
     return lambda action: next(answers, (False, ""))
 
 def replay(journal, root, output=None):
     """Drive a new run with a journal's replies and decisions; return (status, old events, new events)."""
     from .agent import Agent
     from .journal import read_events
+
     recorded = read_events(journal)
     start = next(event for event in recorded if event["type"] == "start")
-    agent = Agent.start(start["task"], root, "replay:" + journal, journal=output,
-                        budget=start["budget"], policy=start["policy"],
-                        model_options=start["model_options"], on_event=print_event)
+    agent = Agent.start(
+        start["task"],
+        root,
+        "replay:" + journal,
+        journal=output,
+        budget=start["budget"],
+        policy=start["policy"],
+        model_options=start["model_options"],
+        on_event=print_event,
+    )
     status = drive(agent, replayed_decisions(recorded))
     return status, recorded, agent.events
 
 def after_start(events):
     """The events of a run after its start event (and the branch event before it, for a branch)."""
-    return events[[event["type"] for event in events].index("start") + 1:]
+    return events[[event["type"] for event in events].index("start") + 1 :]
 
 def command_replay(args):
-    status, recorded, events = replay(args.journal, existing_directory(args.root), args.output)
+    status, recorded, events = replay(
+        args.journal, existing_directory(args.root), args.output
+    )
     same = after_start(recorded) == after_start(events)
-    print("replay: the events are the same as the journal's" if same
-          else "replay: the events differ from the journal's")
+    print(
+        "replay: the events are the same as the journal's"
+        if same
+        else "replay: the events differ from the journal's"
+    )
     return status if same else 1
 
-CLI_WORDS = {"start": "mlplcode run", "step": "mlplcode resume", "decide": "mlplcode resume",
-             "resume": "mlplcode resume"}
+CLI_WORDS = {
+    "start": "mlplcode run",
+    "step": "mlplcode resume",
+    "decide": "mlplcode resume",
+    "resume": "mlplcode resume",
+}
 
 
 def command_resume(args):
     from .agent import Agent, AgentError
+
     agent = Agent(args.journal, on_event=print_event, on_retry=print_retry)
     try:
         agent.resume()
@@ -134,56 +193,87 @@ def command_resume(args):
 
 def command_fork(args):
     from .branch import fork
+
     journal, root, untold = fork(args.journal, args.at, args.to)
     print(f"branch: {journal}")
     print(f"root: {root} (a copy, with the files as they were before step {args.at})")
     if untold:
-        print(f"warning: step(s) {', '.join(map(str, untold))} ran tests, which may have changed files"
-              " the journal does not record; the copy has them as they are now")
+        print(
+            f"warning: step(s) {', '.join(map(str, untold))} ran tests, which may have changed files"
+            " the journal does not record; the copy has them as they are now"
+        )
     print(f"go on with: mlplcode resume {journal}")
     return 0
 
 def command_demo(args):
-    project, journal = os.path.join(EXAMPLES, "add"), os.path.join(EXAMPLES, "add.journal.jsonl")
+    project, journal = os.path.join(EXAMPLES, "add"), os.path.join(
+        EXAMPLES, "add.journal.jsonl"
+    )
     if not os.path.isfile(journal):
-        raise ValueError(f"the demo needs the examples of a source checkout; {journal} not found")
+        raise ValueError(
+            f"the demo needs the examples of a source checkout; {journal} not found"
+        )
     with tempfile.TemporaryDirectory(prefix="mlplcode-demo-") as scratch:
         root = shutil.copytree(project, os.path.join(scratch, "add"))
-        print(f"demo: replaying {os.path.relpath(journal)} on a fresh copy of examples/add")
+        print(
+            f"demo: replaying {os.path.relpath(journal)} on a fresh copy of examples/add"
+        )
         status, _, _ = replay(journal, root, os.path.join(scratch, "demo.jsonl"))
     return status
 
 def command_grammar(args):
     from .grammar import grammar_text
+
     sys.stdout.write(grammar_text(args.format))
     return 0
 
 def command_eval(args):
     from .eval import evaluate, overview
-    options = {"timeout": args.timeout, **({"api_key_env": args.api_key_env} if args.api_key_env else {})}
+
+    options = {
+        "timeout": args.timeout,
+        **({"api_key_env": args.api_key_env} if args.api_key_env else {}),
+    }
     try:
-        report = evaluate(args.suite, args.model, args.reps, args.out, workers=args.workers,
-                          dask=args.dask, model_options=options)
+        report = evaluate(
+            args.suite,
+            args.model,
+            args.reps,
+            args.out,
+            workers=args.workers,
+            dask=args.dask,
+            model_options=options,
+        )
     except KeyboardInterrupt:
-        print(f"eval: interrupted; no report was written, the finished trials' journals are in {args.out}",
-              file=sys.stderr)
+        print(
+            f"eval: interrupted; no report was written, the finished trials' journals are in {args.out}",
+            file=sys.stderr,
+        )
         return 130
     print(overview(report))
-    print(f"eval: the report is in {os.path.join(args.out, 'report.md')}, report.html and report.json")
+    print(
+        f"eval: the report is in {os.path.join(args.out, 'report.md')}, report.html and report.json"
+    )
     return 0
 
 def kernelspec():
     """The kernel.json that starts the mlplcode kernel with this very Python."""
-    return {"argv": [sys.executable, "-m", "mlplcode.kernel", "-f", "{connection_file}"],
-            "display_name": "mlplcode", "language": "mlplcode"}
+    return {
+        "argv": [sys.executable, "-m", "mlplcode.kernel", "-f", "{connection_file}"],
+        "display_name": "mlplcode",
+        "language": "mlplcode",
+    }
 
 def install_kernel(user, prefix):
     """Write the kernelspec for the user, or under PREFIX; return the directory written."""
     from jupyter_client.kernelspec import KernelSpecManager
+
     with tempfile.TemporaryDirectory() as source:
         with open(os.path.join(source, "kernel.json"), "w", encoding="utf-8") as file:
             json.dump(kernelspec(), file, indent=1)
-        return KernelSpecManager().install_kernel_spec(source, "mlplcode", user=user, prefix=prefix)
+        return KernelSpecManager().install_kernel_spec(
+            source, "mlplcode", user=user, prefix=prefix
+        )
 
 def command_kernel_install(args):
     prefix = sys.prefix if args.sys_prefix else args.prefix
@@ -193,14 +283,20 @@ def command_kernel_install(args):
 
 def command_acp(args):
     from .policy import DEFAULT_POLICY, load_policy
+
     try:
         from .acp import serve
     except ModuleNotFoundError as error:
         if error.name != "acp":
             raise
-        raise ValueError("needs the Agent Client Protocol package: pip install 'mlplcode[acp]'") from None
+        raise ValueError(
+            "needs the Agent Client Protocol package: pip install 'mlplcode[acp]'"
+        ) from None
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
-    options = {"timeout": args.timeout, **({"api_key_env": args.api_key_env} if args.api_key_env else {})}
+    options = {
+        "timeout": args.timeout,
+        **({"api_key_env": args.api_key_env} if args.api_key_env else {}),
+    }
     return serve(args.model, policy, args.budget, options)
 
 def existing_directory(path):
@@ -213,113 +309,266 @@ class OneLineErrors(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see --help)\n")
 
 def build_parser():
-    parser = OneLineErrors(prog="mlplcode", description="A coding agent small enough to understand.")
+    parser = OneLineErrors(
+        prog="mlplcode", description="A coding agent small enough to understand."
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run_parser = commands.add_parser("run", help="run the agent on a task",
-                                     description="Run the agent on TASK in the project at --root.")
+    run_parser = commands.add_parser(
+        "run",
+        help="run the agent on a task",
+        description="Run the agent on TASK in the project at --root.",
+    )
     run_parser.add_argument("task", metavar="TASK", help="what the agent should do")
-    run_parser.add_argument("--root", required=True, metavar="DIR", help="the project directory")
-    run_parser.add_argument("--model", required=True, metavar="SPEC",
-                            help=SPEC_KINDS)
-    run_parser.add_argument("--journal", metavar="FILE",
-                            help="write the run's events to FILE, outside the root (default: a new file"
-                            " in $XDG_STATE_HOME/mlplcode/runs)")
-    run_parser.add_argument("--budget", type=positive, default=DEFAULT_BUDGET, metavar="N",
-                            help=f"at most N model turns (default {DEFAULT_BUDGET})")
-    run_parser.add_argument("--policy", metavar="FILE", help="a JSON policy, e.g. {\"write\": \"allow\"}")
-    run_parser.add_argument("--api-key-env", metavar="VAR", help="read the API key from environment variable VAR")
-    run_parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="S",
-                            help=f"at most S seconds for each model call, retries included"
-                            f" (default {DEFAULT_TIMEOUT:g})")
-    run_parser.add_argument("--context", type=positive, metavar="TOKENS",
-                            help="the model's context window (default: what the server says, else"
-                            " chapter Compaction's default)")
-    run_parser.add_argument("--grammar", choices=GRAMMAR_CHOICES, default="auto",
-                            help="constrain the model's replies to the protocol's grammar, in the"
-                            " notation its server takes (default auto: when the server is known to)")
+    run_parser.add_argument(
+        "--root", required=True, metavar="DIR", help="the project directory"
+    )
+    run_parser.add_argument("--model", required=True, metavar="SPEC", help=SPEC_KINDS)
+    run_parser.add_argument(
+        "--journal",
+        metavar="FILE",
+        help="write the run's events to FILE, outside the root (default: a new file"
+        " in $XDG_STATE_HOME/mlplcode/runs)",
+    )
+    run_parser.add_argument(
+        "--budget",
+        type=positive,
+        default=DEFAULT_BUDGET,
+        metavar="N",
+        help=f"at most N model turns (default {DEFAULT_BUDGET})",
+    )
+    run_parser.add_argument(
+        "--policy", metavar="FILE", help="a JSON policy, e.g. {\"write\": \"allow\"}"
+    )
+    run_parser.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="read the API key from environment variable VAR",
+    )
+    run_parser.add_argument(
+        "--timeout",
+        type=seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="S",
+        help=f"at most S seconds for each model call, retries included"
+        f" (default {DEFAULT_TIMEOUT:g})",
+    )
+    run_parser.add_argument(
+        "--context",
+        type=positive,
+        metavar="TOKENS",
+        help="the model's context window (default: what the server says, else"
+        " chapter Compaction's default)",
+    )
+    run_parser.add_argument(
+        "--grammar",
+        choices=GRAMMAR_CHOICES,
+        default="auto",
+        help="constrain the model's replies to the protocol's grammar, in the"
+        " notation its server takes (default auto: when the server is known to)",
+    )
     add_answers(run_parser)
     run_parser.set_defaults(handler=command_run)
-    replay_parser = commands.add_parser("replay", help="drive the loop again with a journal's replies",
-                                        description="Replay JOURNAL's model replies and decisions through the real loop.")
+    replay_parser = commands.add_parser(
+        "replay",
+        help="drive the loop again with a journal's replies",
+        description="Replay JOURNAL's model replies and decisions through the real loop.",
+    )
     replay_parser.add_argument("journal", metavar="JOURNAL")
-    replay_parser.add_argument("--root", required=True, metavar="DIR", help="the project directory")
-    replay_parser.add_argument("--output", metavar="FILE", help="write the replay's events to FILE")
+    replay_parser.add_argument(
+        "--root", required=True, metavar="DIR", help="the project directory"
+    )
+    replay_parser.add_argument(
+        "--output", metavar="FILE", help="write the replay's events to FILE"
+    )
     replay_parser.set_defaults(handler=command_replay)
-    resume_parser = commands.add_parser("resume", help="take up an interrupted run where it stopped",
-                                        description="Take up the run recorded in JOURNAL where it stopped.")
+    resume_parser = commands.add_parser(
+        "resume",
+        help="take up an interrupted run where it stopped",
+        description="Take up the run recorded in JOURNAL where it stopped.",
+    )
     resume_parser.add_argument("journal", metavar="JOURNAL")
     add_answers(resume_parser)
     resume_parser.set_defaults(handler=command_resume)
-    fork_parser = commands.add_parser("fork", help="branch a run before one of its steps",
-                                      description="Start a new run that takes up JOURNAL as it stood before"
-                                      " step N, in a copy of its project.")
+    fork_parser = commands.add_parser(
+        "fork",
+        help="branch a run before one of its steps",
+        description="Start a new run that takes up JOURNAL as it stood before"
+        " step N, in a copy of its project.",
+    )
     fork_parser.add_argument("journal", metavar="JOURNAL")
-    fork_parser.add_argument("--at", type=positive, required=True, metavar="N", help="the step to branch before")
-    fork_parser.add_argument("--journal", dest="to", metavar="NEW",
-                             help="the branch's journal (default: a new file in the state directory)")
+    fork_parser.add_argument(
+        "--at",
+        type=positive,
+        required=True,
+        metavar="N",
+        help="the step to branch before",
+    )
+    fork_parser.add_argument(
+        "--journal",
+        dest="to",
+        metavar="NEW",
+        help="the branch's journal (default: a new file in the state directory)",
+    )
     fork_parser.set_defaults(handler=command_fork)
-    demo_parser = commands.add_parser("demo", help="replay the example run on a fresh copy of examples/add",
-                                      description="Replay the committed example run on a fresh copy of examples/add.")
+    demo_parser = commands.add_parser(
+        "demo",
+        help="replay the example run on a fresh copy of examples/add",
+        description="Replay the committed example run on a fresh copy of examples/add.",
+    )
     demo_parser.set_defaults(handler=command_demo)
-    eval_parser = commands.add_parser("eval", help="measure the agent on a suite of tasks",
-                                      description="Run every task of --suite with each --model, --reps times,"
-                                      " each on a fresh copy judged by the task's hidden check; write the"
-                                      " report into --out.")
-    eval_parser.add_argument("--suite", required=True, metavar="DIR", help="a directory of task directories")
-    eval_parser.add_argument("--model", required=True, action="append", metavar="SPEC",
-                             help=f"{SPEC_KINDS}; {{task}} stands for the task's directory; repeat for more")
-    eval_parser.add_argument("--reps", required=True, type=positive, metavar="N", help="trials of each task and model")
-    eval_parser.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory for the report")
+    eval_parser = commands.add_parser(
+        "eval",
+        help="measure the agent on a suite of tasks",
+        description="Run every task of --suite with each --model, --reps times,"
+        " each on a fresh copy judged by the task's hidden check; write the"
+        " report into --out.",
+    )
+    eval_parser.add_argument(
+        "--suite", required=True, metavar="DIR", help="a directory of task directories"
+    )
+    eval_parser.add_argument(
+        "--model",
+        required=True,
+        action="append",
+        metavar="SPEC",
+        help=f"{SPEC_KINDS}; {{task}} stands for the task's directory; repeat for more",
+    )
+    eval_parser.add_argument(
+        "--reps",
+        required=True,
+        type=positive,
+        metavar="N",
+        help="trials of each task and model",
+    )
+    eval_parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="a new or empty directory for the report",
+    )
     eval_where = eval_parser.add_mutually_exclusive_group()
-    eval_where.add_argument("--workers", type=positive, default=1, metavar="N",
-                            help="run N trials at a time in local processes (default 1, in this one)")
-    eval_where.add_argument("--dask", metavar="ADDRESS", help="run the trials on the Dask scheduler at ADDRESS")
-    eval_parser.add_argument("--api-key-env", metavar="VAR", help="read the API key from environment variable VAR")
-    eval_parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="S",
-                             help=f"at most S seconds for each model call (default {DEFAULT_TIMEOUT:g})")
+    eval_where.add_argument(
+        "--workers",
+        type=positive,
+        default=1,
+        metavar="N",
+        help="run N trials at a time in local processes (default 1, in this one)",
+    )
+    eval_where.add_argument(
+        "--dask",
+        metavar="ADDRESS",
+        help="run the trials on the Dask scheduler at ADDRESS",
+    )
+    eval_parser.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="read the API key from environment variable VAR",
+    )
+    eval_parser.add_argument(
+        "--timeout",
+        type=seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="S",
+        help=f"at most S seconds for each model call (default {DEFAULT_TIMEOUT:g})",
+    )
     eval_parser.set_defaults(handler=command_eval)
-    kernel_parser = commands.add_parser("kernel", help="install the Jupyter kernel",
-                                        description="Manage the mlplcode Jupyter kernel.")
-    kernel_commands = kernel_parser.add_subparsers(dest="kernel_command", required=True, metavar="COMMAND")
-    install_parser = kernel_commands.add_parser("install", help="install the kernelspec",
-                                                description="Install the kernelspec of the mlplcode kernel.")
+    kernel_parser = commands.add_parser(
+        "kernel",
+        help="install the Jupyter kernel",
+        description="Manage the mlplcode Jupyter kernel.",
+    )
+    kernel_commands = kernel_parser.add_subparsers(
+        dest="kernel_command", required=True, metavar="COMMAND"
+    )
+    install_parser = kernel_commands.add_parser(
+        "install",
+        help="install the kernelspec",
+        description="Install the kernelspec of the mlplcode kernel.",
+    )
     where = install_parser.add_mutually_exclusive_group()
-    where.add_argument("--user", action="store_true", help="for this user (the default)")
-    where.add_argument("--sys-prefix", action="store_true", help=f"in this Python environment ({sys.prefix})")
-    where.add_argument("--prefix", metavar="DIR", help="under DIR/share/jupyter/kernels")
+    where.add_argument(
+        "--user", action="store_true", help="for this user (the default)"
+    )
+    where.add_argument(
+        "--sys-prefix",
+        action="store_true",
+        help=f"in this Python environment ({sys.prefix})",
+    )
+    where.add_argument(
+        "--prefix", metavar="DIR", help="under DIR/share/jupyter/kernels"
+    )
     install_parser.set_defaults(handler=command_kernel_install)
-    grammar_parser = commands.add_parser("grammar", help="print the protocol's grammar",
-                                         description="Print the protocol's grammar, for constrained"
-                                         " decoding: GBNF (llama.cpp) or Lark (vLLM).")
-    grammar_parser.add_argument("--format", choices=("gbnf", "lark"), default="gbnf",
-                                help="the notation (default gbnf)")
+    grammar_parser = commands.add_parser(
+        "grammar",
+        help="print the protocol's grammar",
+        description="Print the protocol's grammar, for constrained"
+        " decoding: GBNF (llama.cpp) or Lark (vLLM).",
+    )
+    grammar_parser.add_argument(
+        "--format",
+        choices=("gbnf", "lark"),
+        default="gbnf",
+        help="the notation (default gbnf)",
+    )
     grammar_parser.set_defaults(handler=command_grammar)
-    export_parser = commands.add_parser("export", help="write the book as HTML, PDF, Markdown and text",
-                                        description="Write mlplcode.org as HTML, PDF, Markdown and plain "
-                                        "text into DIR; nothing in the book is run.")
-    export_parser.add_argument("--to", default=DEFAULT_DIRECTORY, metavar="DIR",
-                               help="the directory to write into (default: export/build in the checkout)")
+    export_parser = commands.add_parser(
+        "export",
+        help="write the book as HTML, PDF, Markdown and text",
+        description="Write mlplcode.org as HTML, PDF, Markdown and plain "
+        "text into DIR; nothing in the book is run.",
+    )
+    export_parser.add_argument(
+        "--to",
+        default=DEFAULT_DIRECTORY,
+        metavar="DIR",
+        help="the directory to write into (default: export/build in the checkout)",
+    )
     export_parser.set_defaults(handler=command_export)
-    acp_parser = commands.add_parser("acp", help="be an agent for an editor, over the Agent Client Protocol",
-                                     description="Speak the Agent Client Protocol on stdin and stdout: each"
-                                     " session the editor opens is a run in its directory.")
+    acp_parser = commands.add_parser(
+        "acp",
+        help="be an agent for an editor, over the Agent Client Protocol",
+        description="Speak the Agent Client Protocol on stdin and stdout: each"
+        " session the editor opens is a run in its directory.",
+    )
     acp_parser.add_argument("--model", required=True, metavar="SPEC", help=SPEC_KINDS)
-    acp_parser.add_argument("--policy", metavar="FILE", help="a JSON policy, e.g. {\"write\": \"ask\"}")
-    acp_parser.add_argument("--budget", type=positive, default=DEFAULT_BUDGET, metavar="N",
-                            help=f"at most N model turns a run (default {DEFAULT_BUDGET})")
-    acp_parser.add_argument("--api-key-env", metavar="VAR", help="read the API key from environment variable VAR")
-    acp_parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="S",
-                            help=f"at most S seconds for each model call (default {DEFAULT_TIMEOUT:g})")
+    acp_parser.add_argument(
+        "--policy", metavar="FILE", help="a JSON policy, e.g. {\"write\": \"ask\"}"
+    )
+    acp_parser.add_argument(
+        "--budget",
+        type=positive,
+        default=DEFAULT_BUDGET,
+        metavar="N",
+        help=f"at most N model turns a run (default {DEFAULT_BUDGET})",
+    )
+    acp_parser.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="read the API key from environment variable VAR",
+    )
+    acp_parser.add_argument(
+        "--timeout",
+        type=seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="S",
+        help=f"at most S seconds for each model call (default {DEFAULT_TIMEOUT:g})",
+    )
     acp_parser.set_defaults(handler=command_acp)
     return parser
 
 def add_answers(parser):
     """--yes and --no, for the subcommands that decide asks."""
     answers = parser.add_mutually_exclusive_group()
-    answers.add_argument("--yes", action="store_true",
-                         help="approve every ask, but a DONE whose tests changed (that needs a person)")
-    answers.add_argument("--no", action="store_true",
-                         help="decline every ask, which ends the run (the default without a terminal)")
+    answers.add_argument(
+        "--yes",
+        action="store_true",
+        help="approve every ask, but a DONE whose tests changed (that needs a person)",
+    )
+    answers.add_argument(
+        "--no",
+        action="store_true",
+        help="decline every ask, which ends the run (the default without a terminal)",
+    )
 
 def seconds(text):
     try:
@@ -327,7 +576,9 @@ def seconds(text):
     except ValueError:
         value = 0
     if not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 86400")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds from 0 to 86400"
+        )
     return value
 
 def positive(text):

@@ -1,6 +1,14 @@
 """Compaction: a long run's prompt kept within the model's context, by summarizing its oldest steps."""
-from .prompt import (CHARS_PER_TOKEN, prompt_budget, prompt_tokens, shown_action, shown_limit,
-                     shown_observation, step_paragraphs)
+
+from .prompt import (
+    CHARS_PER_TOKEN,
+    prompt_budget,
+    prompt_tokens,
+    shown_action,
+    shown_limit,
+    shown_observation,
+    step_paragraphs,
+)
 
 def step_chars(state, number, limit):
     """The characters step NUMBER takes in the prompt, near enough: its action and its observation."""
@@ -41,9 +49,13 @@ def summary_messages(state, upto):
         for number in range(state.summarized + 1, upto + 1):
             paragraphs, next_note = step_paragraphs(state, number, next_note, limit)
             parts += paragraphs
-        messages = [{"role": "system", "content": SUMMARY_PROMPT.format(words=words)},
-                    {"role": "user", "content": "\n\n".join(parts)}]
-        size = sum(len(message["content"]) for message in messages) // CHARS_PER_TOKEN + 1
+        messages = [
+            {"role": "system", "content": SUMMARY_PROMPT.format(words=words)},
+            {"role": "user", "content": "\n\n".join(parts)},
+        ]
+        size = (
+            sum(len(message["content"]) for message in messages) // CHARS_PER_TOKEN + 1
+        )
         if size <= prompt_budget(state) or limit <= 100:
             return messages
         limit //= 2
@@ -56,4 +68,6 @@ def compact(state, model, record, force=False):
 
 def needs_compaction(state, rendered=None):
     """Whether the next prompt would not fit the budget, and there are steps left to fold."""
-    return len(state.steps) > state.summarized and prompt_tokens(state, rendered) > prompt_budget(state)
+    return len(state.steps) > state.summarized and prompt_tokens(
+        state, rendered
+    ) > prompt_budget(state)

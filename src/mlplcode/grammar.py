@@ -1,4 +1,5 @@
 """The grammar: the protocol as GBNF and as Lark, derived from the verb table, for constrained decoding."""
+
 import json
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ class Literal:
 @dataclass(frozen=True)
 class Chars:
     """One character that is not in EXCLUDED."""
+
     excluded: str
 
 
@@ -33,10 +35,15 @@ class Choice:
 @dataclass(frozen=True)
 class Many:
     """ITEM, zero or more times."""
+
     item: object
 
 def seq(*items):
-    flat = [part for item in items for part in (item.items if isinstance(item, Seq) else (item,))]
+    flat = [
+        part
+        for item in items
+        for part in (item.items if isinstance(item, Seq) else (item,))
+    ]
     return Seq(tuple(item for item in flat if item != Literal("")))
 
 
@@ -51,13 +58,20 @@ ARGUMENT_RULES = {
 
 def line_except(words):
     """A non-empty line, without its newline, that is none of WORDS."""
+
     def after(prefix):
-        nexts = sorted({word[len(prefix)] for word in words
-                        if len(word) > len(prefix) and word.startswith(prefix)})
+        nexts = sorted(
+            {
+                word[len(prefix)]
+                for word in words
+                if len(word) > len(prefix) and word.startswith(prefix)
+            }
+        )
         options = [Literal(prefix)] if prefix and prefix not in words else []
         options.append(seq(Literal(prefix), Chars("\n" + "".join(nexts)), REST_OF_LINE))
         options += [after(prefix + letter) for letter in nexts]
         return choice(*options)
+
     return after("")
 
 
@@ -67,15 +81,28 @@ def lines(rule):
 
 def protocol_grammar():
     """The rules of the protocol's canonical form, from the verb table; the start rule is "root"."""
-    rules = {"root": choice(*(Rule(verb.name.lower()) for verb in VERBS)), **ARGUMENT_RULES,
-             "line": line_except({"END"}), "old-line": line_except({"NEW", "END"})}
+    rules = {
+        "root": choice(*(Rule(verb.name.lower()) for verb in VERBS)),
+        **ARGUMENT_RULES,
+        "line": line_except({"END"}),
+        "old-line": line_except({"NEW", "END"}),
+    }
     for verb in VERBS:
-        head = seq(Literal(verb.name + " "), Rule(f"{'path' if verb.argument == 'path' else 'text'}-argument"))
+        head = seq(
+            Literal(verb.name + " "),
+            Rule(f"{'path' if verb.argument == 'path' else 'text'}-argument"),
+        )
         rules[verb.name.lower()] = {
             "": head,
             "content": seq(head, Literal("\n"), lines("line"), Literal("END")),
-            "patch": seq(head, Literal("\nOLD\n"), lines("old-line"), Literal("NEW\n"), lines("line"),
-                         Literal("END")),
+            "patch": seq(
+                head,
+                Literal("\nOLD\n"),
+                lines("old-line"),
+                Literal("NEW\n"),
+                lines("line"),
+                Literal("END"),
+            ),
         }[verb.body]
     return rules
 
@@ -94,7 +121,11 @@ ESCAPES = {"\n": "\\n", "\t": "\\t", "\\": "\\\\", "]": "\\]", "^": "\\^", "-": 
 def char_class(excluded, notation):
     """The class of characters not in EXCLUDED: GBNF's brackets, or a regular expression for Lark."""
     escaped = "".join(ESCAPES.get(char, char) for char in excluded)
-    return f"[^{escaped}]" if notation == "gbnf" else f"/[^{escaped.replace('/', chr(92) + '/')}]/"
+    return (
+        f"[^{escaped}]"
+        if notation == "gbnf"
+        else f"/[^{escaped.replace('/', chr(92) + '/')}]/"
+    )
 
 def written(expression, notation):
     """EXPRESSION in NOTATION ("gbnf" or "lark")."""
@@ -126,8 +157,10 @@ REQUEST_FIELD = {"gbnf": "grammar", "lark": "guided_grammar"}
 def grammar_text(notation):
     """The protocol's grammar in NOTATION, one rule a line."""
     form = NOTATIONS[notation][0]
-    return "".join(form.format(name=rule_name(name, notation), body=written(body, notation)) + "\n"
-                   for name, body in protocol_grammar().items())
+    return "".join(
+        form.format(name=rule_name(name, notation), body=written(body, notation)) + "\n"
+        for name, body in protocol_grammar().items()
+    )
 
 ALPHABET = "abcEND NEWOLD\t'\"`.#/-_:=()[]{}<>~é✓\u202e"
 
@@ -148,4 +181,6 @@ def sample(rng, rules=None, expression=None):
         case Choice(options):
             return sample(rng, rules, rng.choice(options))
         case Many(item):
-            return "".join(sample(rng, rules, item) for _ in range(rng.choice((0, 0, 1, 2, 5))))
+            return "".join(
+                sample(rng, rules, item) for _ in range(rng.choice((0, 0, 1, 2, 5)))
+            )

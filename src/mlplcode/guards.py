@@ -1,4 +1,5 @@
 """Guards: what the loop refuses before any policy is consulted."""
+
 import os
 
 def repeats(state, reply):
@@ -22,7 +23,10 @@ def guard(state, reply, action, project):
     if action.get("tool") in ("write", "patch"):
         path = os.path.normpath(action["path"])
         if path not in state.seen and os.path.lexists(os.path.join(project.root, path)):
-            return "refused", f"REFUSED: read it first: READ {action['path']} before you change it"
+            return (
+                "refused",
+                f"REFUSED: read it first: READ {action['path']} before you change it",
+            )
     return None, ""
 
 def repeated(state):

@@ -1,4 +1,5 @@
 """The journal: every fact of a run as one JSON line, and the state as their fold."""
+
 import json
 import os
 from dataclasses import dataclass, field, replace
@@ -10,11 +11,15 @@ def append_event(path, event):
 
     A crash loses at most the event being written, never one already reported.
     """
-    line = (json.dumps(event, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    line = (json.dumps(event, ensure_ascii=False, sort_keys=True) + "\n").encode(
+        "utf-8"
+    )
+    descriptor = os.open(
+        path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
+    )
     try:
         while line:
-            line = line[os.write(descriptor, line):]
+            line = line[os.write(descriptor, line) :]
     finally:
         os.close(descriptor)
 
@@ -27,8 +32,16 @@ def sync_journal(path):
         os.close(descriptor)
 
 EVENT_FIELDS = {
-    "start": {"task": str, "budget": int, "policy": dict, "model": str, "model_options": dict,
-              "root": str, "run": str, "tests": dict},
+    "start": {
+        "task": str,
+        "budget": int,
+        "policy": dict,
+        "model": str,
+        "model_options": dict,
+        "root": str,
+        "run": str,
+        "tests": dict,
+    },
     "note": {"text": str},
     "reply": {"step": int, "text": str},
     "action": {"step": int, "action": dict},
@@ -60,7 +73,10 @@ def event_problem(event, index, steps, start_index=0):
         return tests_problem(event["tests"])
     if kind == "reply" and event["step"] != steps + 1:
         return f"step {event['step']} follows step {steps}"
-    if kind in ("action", "verdict", "decision", "observation") and event["step"] != steps:
+    if (
+        kind in ("action", "verdict", "decision", "observation")
+        and event["step"] != steps
+    ):
         return f"a {kind} of step {event['step']} after the reply of step {steps}"
     if kind == "compact" and not 0 < event["upto"] <= steps:
         return f"a summary of steps 1 to {event['upto']} after {steps} steps"
@@ -72,10 +88,19 @@ TEST_ENTRY_FIELDS = {"sha256", "text", "link", "other"}
 def tests_problem(tests):
     """What is wrong with a start event's record of the tests, or ""."""
     for path, entry in tests.items():
-        if os.path.isabs(path) or os.path.normpath(path) != path or path.split("/")[0] == ".." or "\0" in path:
+        if (
+            os.path.isabs(path)
+            or os.path.normpath(path) != path
+            or path.split("/")[0] == ".."
+            or "\0" in path
+        ):
             return f"tests: {path!r} is not a path inside the root"
-        if (not isinstance(entry, dict) or not entry or set(entry) - TEST_ENTRY_FIELDS
-                or not all(isinstance(value, str) for value in entry.values())):
+        if (
+            not isinstance(entry, dict)
+            or not entry
+            or set(entry) - TEST_ENTRY_FIELDS
+            or not all(isinstance(value, str) for value in entry.values())
+        ):
             return f"tests: the entry of {path} is not one verification wrote"
     return ""
 
@@ -93,7 +118,9 @@ def read_events(path):
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}: line {number}: not JSON ({error.msg})") from None
         except RecursionError:
-            raise ValueError(f"{path}: line {number}: nested too deeply to be an event") from None
+            raise ValueError(
+                f"{path}: line {number}: nested too deeply to be an event"
+            ) from None
         start_index = 1 if events and events[0]["type"] == "branch" else 0
         problem = event_problem(event, len(events), steps, start_index)
         if problem:
@@ -114,6 +141,7 @@ def cut_torn_line(path):
 @dataclass
 class Step:
     """One turn of the loop as the events describe it."""
+
     number: int
     reply: str = ""
     action: dict = field(default_factory=dict)
@@ -126,6 +154,7 @@ class Step:
 @dataclass
 class State:
     """A run as its events describe it; made only by applying events."""
+
     start: dict = field(default_factory=dict)
     task: str = ""
     budget: int = 0
@@ -144,7 +173,11 @@ def apply(state, event):
     kind, last = event["type"], state.steps[-1] if state.steps else None
     if kind == "start":
         state.start = event
-        state.task, state.budget, state.policy = event["task"], event["budget"], event["policy"]
+        state.task, state.budget, state.policy = (
+            event["task"],
+            event["budget"],
+            event["policy"],
+        )
     elif kind == "note":
         state.notes.append((len(state.steps), event["text"]))
     elif kind == "reply":
@@ -152,13 +185,19 @@ def apply(state, event):
     elif kind == "action":
         last.action = event["action"]
     elif kind == "verdict":
-        last.verdict, last.reason, last.target = event["verdict"], event["reason"], event.get("target")
+        last.verdict, last.reason, last.target = (
+            event["verdict"],
+            event["reason"],
+            event.get("target"),
+        )
     elif kind == "decision":
         last.approved = event["approved"]
         if event.get("reason"):
             state.notes.append((len(state.steps), event["reason"]))
     elif kind == "observation":
-        last.observation = {name: value for name, value in event.items() if name not in ("type", "step")}
+        last.observation = {
+            name: value for name, value in event.items() if name not in ("type", "step")
+        }
         if event["ok"] and last.action.get("tool") in ("read", "write"):
             state.seen.add(os.path.normpath(last.action["path"]))
     elif kind == "stop":
@@ -184,8 +223,13 @@ def snapshot(state):
     steps = list(state.steps)
     if steps:
         steps[-1] = replace(steps[-1])
-    return replace(state, steps=steps, notes=list(state.notes), seen=set(state.seen),
-                   stop=state.stop and dict(state.stop))
+    return replace(
+        state,
+        steps=steps,
+        notes=list(state.notes),
+        seen=set(state.seen),
+        stop=state.stop and dict(state.stop),
+    )
 
 def waiting_step(state):
     """The step whose ask waits for a person's decision, or None."""

@@ -1,4 +1,5 @@
 """The mlplcode kernel: each notebook cell holds commands that drive an Agent."""
+
 import difflib
 import os
 import shutil
@@ -14,39 +15,86 @@ from .agent import Agent, AgentError, runs_directory
 from .journal import DEFAULT_BUDGET, fold, read_events, waiting_step
 from .models import SPEC_KINDS, ModelError, model_from_spec
 from .policy import DEFAULT_POLICY, merge_policy
-from .show import (as_text, bundle, compact_view, note_view, policy_view, prompt_view, state_view,
-                   step_title, verdict_text)
+from .show import (
+    as_text,
+    bundle,
+    compact_view,
+    note_view,
+    policy_view,
+    prompt_view,
+    state_view,
+    step_title,
+    verdict_text,
+)
 from .transcript import save, transcript_view
 from .trust import visible
 
 COMMANDS = {
-    "root": ("DIR | --copy DIR", "the project the next run works on; --copy: a fresh copy of DIR in a new temporary directory"),
-    "model": ("SPEC [--grammar auto|gbnf|lark|none] [--context TOKENS] [--timeout S]",
-              f"the next run's model: {SPEC_KINDS}; the options as for mlplcode run"),
+    "root": (
+        "DIR | --copy DIR",
+        "the project the next run works on; --copy: a fresh copy of DIR in a new temporary directory",
+    ),
+    "model": (
+        "SPEC [--grammar auto|gbnf|lark|none] [--context TOKENS] [--timeout S]",
+        f"the next run's model: {SPEC_KINDS}; the options as for mlplcode run",
+    ),
     "budget": ("N", "the next run takes at most N model turns"),
-    "policy": ("CATEGORY=VERDICT ...", "change the next run's policy, e.g. write=ask run=allow"),
-    "task": ("TEXT | --next TEXT", "start a run with TEXT as its task (%%task: the task is the rest of the"
-             " cell); --next TEXT keeps TEXT as the next run's task, and %task alone starts that run"),
-    "step": ("[N]", "take up to N steps (default 1), stopping early at an ask or at the end of the run"),
+    "policy": (
+        "CATEGORY=VERDICT ...",
+        "change the next run's policy, e.g. write=ask run=allow",
+    ),
+    "task": (
+        "TEXT | --next TEXT",
+        "start a run with TEXT as its task (%%task: the task is the rest of the"
+        " cell); --next TEXT keeps TEXT as the next run's task, and %task alone starts that run",
+    ),
+    "step": (
+        "[N]",
+        "take up to N steps (default 1), stopping early at an ask or at the end of the run",
+    ),
     "run": ("", "take steps until an ask or the end of the run"),
-    "approve": ("", "carry out the action that waits for a decision (a DONE: accept it although the"
-                " tests as they were fail)"),
-    "deny": ("[REASON]", "decline the action that waits: with a REASON the model reads it and the run"
-             " goes on; without one the run ends (denied), except at a DONE, which is refused and the"
-             " run goes on"),
-    "show": ("state|prompt|transcript|policy|journal|tree|runs",
-             "show how the run stands, or part of it; runs: the runs kept in the runs directory"),
-    "save": ("FILE.ipynb|FILE.org|FILE.md", "write the run's transcript, rendered from its journal"),
-    "compact": ("", "fold the steps so far into a summary that stands for them in the prompt"),
-    "fork": ("N", "branch the run before its step N, in a copy of its project; the branch becomes the run"),
-    "resume": ("[JOURNAL]", "take up the run recorded in JOURNAL where it stopped; without JOURNAL,"
-               " this kernel's run after an interrupt, or, in a kernel with no run yet, the unfinished"
-               " run last written in the runs directory"),
+    "approve": (
+        "",
+        "carry out the action that waits for a decision (a DONE: accept it although the"
+        " tests as they were fail)",
+    ),
+    "deny": (
+        "[REASON]",
+        "decline the action that waits: with a REASON the model reads it and the run"
+        " goes on; without one the run ends (denied), except at a DONE, which is refused and the"
+        " run goes on",
+    ),
+    "show": (
+        "state|prompt|transcript|policy|journal|tree|runs",
+        "show how the run stands, or part of it; runs: the runs kept in the runs directory",
+    ),
+    "save": (
+        "FILE.ipynb|FILE.org|FILE.md",
+        "write the run's transcript, rendered from its journal",
+    ),
+    "compact": (
+        "",
+        "fold the steps so far into a summary that stands for them in the prompt",
+    ),
+    "fork": (
+        "N",
+        "branch the run before its step N, in a copy of its project; the branch becomes the run",
+    ),
+    "resume": (
+        "[JOURNAL]",
+        "take up the run recorded in JOURNAL where it stopped; without JOURNAL,"
+        " this kernel's run after an interrupt, or, in a kernel with no run yet, the unfinished"
+        " run last written in the runs directory",
+    ),
     "help": ("[COMMAND]", "list the commands, or explain one"),
 }
 SHOW_TOPICS = ("state", "prompt", "transcript", "policy", "journal", "tree", "runs")
-KERNEL_WORDS = {"step": "%step", "decide": "%approve or %deny [reason]", "start": "%task TEXT",
-                "resume": "%resume"}
+KERNEL_WORDS = {
+    "step": "%step",
+    "decide": "%approve or %deny [reason]",
+    "start": "%task TEXT",
+    "resume": "%resume",
+}
 
 class UsageError(Exception):
     """A cell the kernel cannot carry out as written; the message says how to write it."""
@@ -68,12 +116,16 @@ def parse_cell(code):
     for number, line in enumerate(lines, 1):
         if line.split(maxsplit=1)[:1] == ["%%task"]:
             if line.strip() != "%%task":
-                raise UsageError("%%task stands alone on its line; the task goes on the lines below it")
+                raise UsageError(
+                    "%%task stands alone on its line; the task goes on the lines below it"
+                )
             return commands + [("task", "\n".join(lines[number:]).strip())]
         if not line.strip():
             continue
         if not line.startswith("%"):
-            raise UsageError(f"line {number} is not a command: {line!r}; a note for the model goes in a cell of its own")
+            raise UsageError(
+                f"line {number} is not a command: {line!r}; a note for the model goes in a cell of its own"
+            )
         name, _, argument = line[1:].partition(" ")
         if name not in COMMANDS:
             raise UsageError(unknown_command(name))
@@ -97,8 +149,16 @@ def help_view(name=""):
         if name not in COMMANDS:
             raise UsageError(unknown_command(name))
         return [("line", f"%{name} {COMMANDS[name][0]}".rstrip(), COMMANDS[name][1])]
-    return [("title", "", "mlplcode: one command per line; a cell of plain text is a note for the model")] + [
-        ("line", f"%{command} {arguments}".rstrip(), purpose) for command, (arguments, purpose) in COMMANDS.items()]
+    return [
+        (
+            "title",
+            "",
+            "mlplcode: one command per line; a cell of plain text is a note for the model",
+        )
+    ] + [
+        ("line", f"%{command} {arguments}".rstrip(), purpose)
+        for command, (arguments, purpose) in COMMANDS.items()
+    ]
 
 class MlplcodeKernel(Kernel):
     """A Jupyter kernel whose cells are mlplcode commands."""
@@ -110,12 +170,20 @@ class MlplcodeKernel(Kernel):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.settings = {"root": None, "model": None, "model_options": {}, "budget": DEFAULT_BUDGET,
-                         "policy": DEFAULT_POLICY, "task": None}
+        self.settings = {
+            "root": None,
+            "model": None,
+            "model_options": {},
+            "budget": DEFAULT_BUDGET,
+            "policy": DEFAULT_POLICY,
+            "task": None,
+        }
         self.agent = None
         self.silent = False
 
-    async def do_execute(self, code, silent, store_history=True, user_expressions=None, allow_stdin=False):
+    async def do_execute(
+        self, code, silent, store_history=True, user_expressions=None, allow_stdin=False
+    ):
         """Carry out the cell's commands in order; every failure becomes an error reply."""
         self.silent = silent
         previous = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -125,22 +193,36 @@ class MlplcodeKernel(Kernel):
         except KeyboardInterrupt:
             if self.agent:
                 self.show(self.state_view(), "state")
-            return self.fail("KeyboardInterrupt", "interrupted; the run stopped as interrupted, and the"
-                             " journal keeps it as far as it got: %resume takes it up again")
+            return self.fail(
+                "KeyboardInterrupt",
+                "interrupted; the run stopped as interrupted, and the"
+                " journal keeps it as far as it got: %resume takes it up again",
+            )
         except AgentError as error:
             return self.fail("AgentError", error.said(KERNEL_WORDS))
         except (UsageError, ValueError, OSError, ModelError) as error:
             return self.fail(type(error).__name__, str(error))
         except Exception as error:
-            return self.fail(type(error).__name__, str(error), traceback.format_exception(error))
+            return self.fail(
+                type(error).__name__, str(error), traceback.format_exception(error)
+            )
         finally:
             signal.signal(signal.SIGINT, previous)
-        return {"status": "ok", "execution_count": self.execution_count, "payload": [], "user_expressions": {}}
+        return {
+            "status": "ok",
+            "execution_count": self.execution_count,
+            "payload": [],
+            "user_expressions": {},
+        }
 
     def fail(self, name, message, lines=None):
         """Send an error output and return the error reply for it."""
         message, lines = visible(message), [visible(line) for line in lines or []]
-        content = {"ename": name, "evalue": message, "traceback": lines or [f"{name}: {message}"]}
+        content = {
+            "ename": name,
+            "evalue": message,
+            "traceback": lines or [f"{name}: {message}"],
+        }
         if not self.silent:
             self.send_response(self.iopub_socket, "error", content)
         return {"status": "error", "execution_count": self.execution_count, **content}
@@ -150,19 +232,34 @@ class MlplcodeKernel(Kernel):
         if self.silent:
             return
         run = self.agent.run_id if self.agent else None
-        content = {"data": bundle(view), "metadata": {"mlplcode": {"run": run, "step": step, "kind": kind}}}
+        content = {
+            "data": bundle(view),
+            "metadata": {"mlplcode": {"run": run, "step": step, "kind": kind}},
+        }
         if result:
-            self.send_response(self.iopub_socket, "execute_result", {**content, "execution_count": self.execution_count})
+            self.send_response(
+                self.iopub_socket,
+                "execute_result",
+                {**content, "execution_count": self.execution_count},
+            )
         else:
             self.send_response(self.iopub_socket, "display_data", content)
 
     def say(self, text):
         if not self.silent:
-            self.send_response(self.iopub_socket, "stream", {"name": "stdout", "text": visible(text) + "\n"})
+            self.send_response(
+                self.iopub_socket,
+                "stream",
+                {"name": "stdout", "text": visible(text) + "\n"},
+            )
 
     def warn(self, text):
         if not self.silent:
-            self.send_response(self.iopub_socket, "stream", {"name": "stderr", "text": visible(text) + "\n"})
+            self.send_response(
+                self.iopub_socket,
+                "stream",
+                {"name": "stderr", "text": visible(text) + "\n"},
+            )
 
     def show_report(self, report):
         for kind, number, view in report.views(KERNEL_WORDS):
@@ -179,10 +276,14 @@ class MlplcodeKernel(Kernel):
         copy = argument.startswith("--copy ")
         path = argument.removeprefix("--copy ").strip()
         if not os.path.isdir(path):
-            raise UsageError(f"%root: {path!r} is not a directory; use %root DIR or %root --copy DIR")
+            raise UsageError(
+                f"%root: {path!r} is not a directory; use %root DIR or %root --copy DIR"
+            )
         if copy:
             name = os.path.basename(os.path.realpath(path))
-            path = shutil.copytree(path, os.path.join(tempfile.mkdtemp(prefix="mlplcode-"), name))
+            path = shutil.copytree(
+                path, os.path.join(tempfile.mkdtemp(prefix="mlplcode-"), name)
+            )
         self.settings["root"] = os.path.realpath(path)
         self.say(f"root: {self.settings['root']}" + (" (a fresh copy)" if copy else ""))
 
@@ -191,10 +292,14 @@ class MlplcodeKernel(Kernel):
         if len(words) % 2 or any(word not in MODEL_OPTIONS for word in words[::2]):
             raise UsageError(f"%model {COMMANDS['model'][0]}")
         try:
-            options = {MODEL_OPTIONS[name][0]: MODEL_OPTIONS[name][1](value)
-                       for name, value in zip(words[::2], words[1::2])}
+            options = {
+                MODEL_OPTIONS[name][0]: MODEL_OPTIONS[name][1](value)
+                for name, value in zip(words[::2], words[1::2])
+            }
         except ValueError:
-            raise UsageError(f"%model {COMMANDS['model'][0]}: a number is not a number") from None
+            raise UsageError(
+                f"%model {COMMANDS['model'][0]}: a number is not a number"
+            ) from None
         model_from_spec(spec, **{**options, "grammar": None})
         self.settings["model"], self.settings["model_options"] = spec, options
         self.say(f"model: {argument}")
@@ -207,9 +312,15 @@ class MlplcodeKernel(Kernel):
         """%policy CATEGORY=VERDICT ...: change rows of the next run's policy."""
         pairs = [word.partition("=") for word in argument.split()]
         if not pairs or not all(equals for _, equals, _ in pairs):
-            raise UsageError("%policy takes CATEGORY=VERDICT pairs, such as write=ask run=allow")
-        self.settings["policy"] = merge_policy(self.settings["policy"], {k: v for k, _, v in pairs}, "%policy")
-        self.say("policy: " + " ".join(f"{k}={v}" for k, v in self.settings["policy"].items()))
+            raise UsageError(
+                "%policy takes CATEGORY=VERDICT pairs, such as write=ask run=allow"
+            )
+        self.settings["policy"] = merge_policy(
+            self.settings["policy"], {k: v for k, _, v in pairs}, "%policy"
+        )
+        self.say(
+            "policy: " + " ".join(f"{k}={v}" for k, v in self.settings["policy"].items())
+        )
 
     def command_task(self, argument):
         if argument == "--next" or argument.startswith("--next "):
@@ -220,13 +331,23 @@ class MlplcodeKernel(Kernel):
             return
         task = argument or self.settings["task"]
         if not task:
-            raise UsageError("%task needs a task: %task TEXT, or %%task with the task on the lines below")
+            raise UsageError(
+                "%task needs a task: %task TEXT, or %%task with the task on the lines below"
+            )
         for name in ("root", "model"):
             if self.settings[name] is None:
-                raise UsageError(f"no {name} for the run yet: use %{name} {COMMANDS[name][0]} first")
-        self.agent = Agent.start(task, self.settings["root"], self.settings["model"],
-                                 budget=self.settings["budget"], policy=self.settings["policy"],
-                                 model_options=self.settings["model_options"], on_retry=self.warn)
+                raise UsageError(
+                    f"no {name} for the run yet: use %{name} {COMMANDS[name][0]} first"
+                )
+        self.agent = Agent.start(
+            task,
+            self.settings["root"],
+            self.settings["model"],
+            budget=self.settings["budget"],
+            policy=self.settings["policy"],
+            model_options=self.settings["model_options"],
+            on_retry=self.warn,
+        )
         self.show(self.state_view(), "task")
 
     def current(self):
@@ -240,7 +361,9 @@ class MlplcodeKernel(Kernel):
         return state_view(agent.state.start, agent.state, agent.journal)
 
     def command_step(self, argument):
-        self.show_report(self.current().step(positive(argument, "%step N") if argument else 1))
+        self.show_report(
+            self.current().step(positive(argument, "%step N") if argument else 1)
+        )
 
     def command_run(self, argument):
         self.no_argument("run", argument)
@@ -260,7 +383,9 @@ class MlplcodeKernel(Kernel):
     def command_compact(self, argument):
         self.no_argument("compact", argument)
         state = self.current().compact().state
-        self.show(compact_view(state.summarized, state.summary), "compact", len(state.steps))
+        self.show(
+            compact_view(state.summarized, state.summary), "compact", len(state.steps)
+        )
 
     def command_fork(self, argument):
         self.agent = self.current().fork(positive(argument, "%fork N"))
@@ -275,7 +400,10 @@ class MlplcodeKernel(Kernel):
             self.agent = Agent(argument, on_retry=self.warn)
         elif self.agent is None:
             self.agent = Agent(unfinished_journal(runs_directory()), on_retry=self.warn)
-        if self.current().state.stop is None or self.agent.state.stop["reason"] == "interrupted":
+        if (
+            self.current().state.stop is None
+            or self.agent.state.stop["reason"] == "interrupted"
+        ):
             self.agent.resume()
         self.show(self.state_view(), "state")
         waiting = waiting_step(self.agent.state)
@@ -291,7 +419,8 @@ class MlplcodeKernel(Kernel):
         if self.agent:
             return self.state_view()
         return settings_view(self.settings) + [
-            ("line", "run", "none yet: use %task TEXT to start one, or %resume [JOURNAL]")]
+            ("line", "run", "none yet: use %task TEXT to start one, or %resume [JOURNAL]")
+        ]
 
     def view_prompt(self):
         return prompt_view(self.current().prompt())
@@ -300,26 +429,42 @@ class MlplcodeKernel(Kernel):
         return transcript_view(self.current().events)
 
     def view_policy(self):
-        return policy_view(self.agent.state.policy if self.agent else self.settings["policy"])
+        return policy_view(
+            self.agent.state.policy if self.agent else self.settings["policy"]
+        )
 
     def view_journal(self):
         journal = self.current().journal
-        return [("line", "journal", journal), ("line", "events", str(len(read_events(journal))))]
+        return [
+            ("line", "journal", journal),
+            ("line", "events", str(len(read_events(journal)))),
+        ]
 
     def view_tree(self):
         from .branch import tree_view
+    
         return tree_view(self.current().journal)
 
     def view_runs(self):
         directory = runs_directory()
         runs = list(runs_on_disk(directory))
-        return [("title", "", f"{len(runs)} runs in {directory}, the last written first")] + [
-            ("block", os.path.basename(journal).removesuffix(".jsonl"), run_summary(journal, state))
-            for journal, state in runs]
+        return [
+            ("title", "", f"{len(runs)} runs in {directory}, the last written first")
+        ] + [
+            (
+                "block",
+                os.path.basename(journal).removesuffix(".jsonl"),
+                run_summary(journal, state),
+            )
+            for journal, state in runs
+        ]
 
     def command_save(self, path):
         steps = save(self.current().journal, path)
-        self.show([("line", "saved", f"{path} ({steps} steps, from {self.agent.journal})")], "saved")
+        self.show(
+            [("line", "saved", f"{path} ({steps} steps, from {self.agent.journal})")],
+            "saved",
+        )
 
     def command_help(self, name):
         self.show(help_view(name), "help", result=True)
@@ -337,8 +482,13 @@ class MlplcodeKernel(Kernel):
             options = list(COMMANDS)
         else:
             options = []
-        return {"status": "ok", "matches": [option for option in options if option.startswith(word)],
-                "cursor_start": cursor_pos - len(word), "cursor_end": cursor_pos, "metadata": {}}
+        return {
+            "status": "ok",
+            "matches": [option for option in options if option.startswith(word)],
+            "cursor_start": cursor_pos - len(word),
+            "cursor_end": cursor_pos,
+            "metadata": {},
+        }
 
     async def do_inspect(self, code, cursor_pos, detail_level=0, omit_sections=()):
         """The help for the command on the cursor's line."""
@@ -346,7 +496,12 @@ class MlplcodeKernel(Kernel):
         name = code[start:].split("\n", 1)[0].split(" ", 1)[0].lstrip("%")
         if name not in COMMANDS:
             return {"status": "ok", "found": False, "data": {}, "metadata": {}}
-        return {"status": "ok", "found": True, "data": {"text/plain": as_text(help_view(name))}, "metadata": {}}
+        return {
+            "status": "ok",
+            "found": True,
+            "data": {"text/plain": as_text(help_view(name))},
+            "metadata": {},
+        }
 
     async def do_is_complete(self, code):
         try:
@@ -359,26 +514,60 @@ class MlplcodeKernel(Kernel):
 
 def decision_view(step):
     """A decided step: its title, its verdict with the human's decision, and its observation."""
-    view = [("title", "", f"step {step.number}: {step_title(step)}"), ("line", "verdict", verdict_text(step))]
+    view = [
+        ("title", "", f"step {step.number}: {step_title(step)}"),
+        ("line", "verdict", verdict_text(step)),
+    ]
     if step.observation:
         view.append(("block", "observation", step.observation["text"]))
     return view
 
-MODEL_OPTIONS = {"--grammar": ("grammar", str), "--context": ("context", int), "--timeout": ("timeout", float)}
+MODEL_OPTIONS = {
+    "--grammar": ("grammar", str),
+    "--context": ("context", int),
+    "--timeout": ("timeout", float),
+}
 
 def settings_view(settings):
     """The settings of the next run, in the words of the commands that set them."""
-    options = "".join(f" --{name} {value}" for name, value in settings["model_options"].items())
-    view = [("line", "root", settings["root"] or "none yet: use %root DIR or %root --copy DIR"),
-            ("line", "model", settings["model"] + options if settings["model"] else "none yet: use %model SPEC"),
-            ("line", "budget", f"{settings['budget']} steps"),
-            ("line", "policy", " ".join(f"{category}={verdict}" for category, verdict in settings["policy"].items()))]
+    options = "".join(
+        f" --{name} {value}" for name, value in settings["model_options"].items()
+    )
+    view = [
+        (
+            "line",
+            "root",
+            settings["root"] or "none yet: use %root DIR or %root --copy DIR",
+        ),
+        (
+            "line",
+            "model",
+            (
+                settings["model"] + options
+                if settings["model"]
+                else "none yet: use %model SPEC"
+            ),
+        ),
+        ("line", "budget", f"{settings['budget']} steps"),
+        (
+            "line",
+            "policy",
+            " ".join(
+                f"{category}={verdict}"
+                for category, verdict in settings["policy"].items()
+            ),
+        ),
+    ]
     return view + ([("line", "task", settings["task"])] if settings["task"] else [])
 
 def runs_on_disk(directory):
     """Each journal in DIRECTORY with its state, or why it cannot be read, the last written first."""
     try:
-        entries = [entry for entry in os.scandir(directory) if entry.name.endswith(".jsonl") and entry.is_file()]
+        entries = [
+            entry
+            for entry in os.scandir(directory)
+            if entry.name.endswith(".jsonl") and entry.is_file()
+        ]
     except FileNotFoundError:
         return
     entries.sort(key=lambda entry: (entry.stat().st_mtime_ns, entry.name), reverse=True)
@@ -397,20 +586,35 @@ def run_summary(journal, state):
     if isinstance(state, str):
         return f"unreadable: {state}"
     start, stop = state.start, state.stop
-    how = (stop["reason"] if stop else "none yet") + (" (unfinished: %resume takes it up)" if goes_on(state) else "")
+    how = (stop["reason"] if stop else "none yet") + (
+        " (unfinished: %resume takes it up)" if goes_on(state) else ""
+    )
     root = start["root"] + ("" if os.path.isdir(start["root"]) else " (gone)")
     task = (start["task"].splitlines() or [""])[0]
-    return "\n".join([f"task: {task}", f"root: {root}", f"steps: {len(state.steps)} of {state.budget}",
-                      f"stop: {how}", f"journal: {journal}"])
+    return "\n".join(
+        [
+            f"task: {task}",
+            f"root: {root}",
+            f"steps: {len(state.steps)} of {state.budget}",
+            f"stop: {how}",
+            f"journal: {journal}",
+        ]
+    )
 
 
 def unfinished_journal(directory):
     """The journal of the unfinished run last written in DIRECTORY whose project is still there."""
     for journal, state in runs_on_disk(directory):
-        if not isinstance(state, str) and goes_on(state) and os.path.isdir(state.start["root"]):
+        if (
+            not isinstance(state, str)
+            and goes_on(state)
+            and os.path.isdir(state.start["root"])
+        ):
             return journal
-    raise UsageError(f"no unfinished run in {directory} to take up: %show runs lists the runs there,"
-                     " %resume JOURNAL takes up one of them, %task TEXT starts a new one")
+    raise UsageError(
+        f"no unfinished run in {directory} to take up: %show runs lists the runs there,"
+        " %resume JOURNAL takes up one of them, %task TEXT starts a new one"
+    )
 
 if __name__ == "__main__":
     IPKernelApp.launch_instance(kernel_class=MlplcodeKernel)

@@ -1,16 +1,21 @@
 """Pygments' lexer for the cells of the mlplcode kernel: commands, their arguments, and notes."""
+
 from pygments.lexer import RegexLexer, bygroups
 from pygments.token import Keyword, Name, Number, Operator, String, Text, Whitespace
 
 
 class MlplcodeLexer(RegexLexer):
     """A cell of the mlplcode kernel: %commands one a line, or a note of plain text."""
+
     name = "mlplcode"
     aliases = ["mlplcode"]
     filenames = []
     tokens = {
         "root": [
-            (r"\A\s*(?=[^%\s])[\s\S]*", Text),  # the first line is not a command: the cell is a note
+            (
+                r"\A\s*(?=[^%\s])[\s\S]*",
+                Text,
+            ),  # the first line is not a command: the cell is a note
             (r"^%%task[ \t]*$", Keyword, "task"),
             (r"^%[A-Za-z]+", Keyword, "arguments"),
             (r"\s+", Whitespace),

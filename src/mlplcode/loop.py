@@ -1,4 +1,5 @@
 """The loop: one step per model turn, every fact recorded as an event."""
+
 from .commands import command_refusal
 from .compaction import compact, needs_compaction
 from .guards import guard, repeated
@@ -30,7 +31,11 @@ def step(state, model, project, record, rendered=None):
     try:
         if needs_compaction(state, rendered):
             compact(state, model, record)
-        reply = model(build_context(state, rendered) if getattr(model, "reads_prompt", True) else [])
+        reply = model(
+            build_context(state, rendered)
+            if getattr(model, "reads_prompt", True)
+            else []
+        )
     except ModelError as error:
         record(stop("error", str(error)))
         return project
@@ -42,7 +47,11 @@ def step(state, model, project, record, rendered=None):
     event = {"type": "verdict", "step": number, "verdict": verdict, "reason": reason}
     record({**event, "target": target} if target is not None else event)
     if verdict in ("stuck", "deny"):
-        record(stop("stuck" if verdict == "stuck" else "denied", f"step {number}: {reason}"))
+        record(
+            stop(
+                "stuck" if verdict == "stuck" else "denied", f"step {number}: {reason}"
+            )
+        )
     elif verdict != "ask":
         project = carry_out(state, project, record)
     return project
@@ -74,11 +83,25 @@ def carry_out(state, project, record):
     elif last.action["tool"] == "done":
         conclude(state, project, record, flags)
     elif last.approved is False:
-        record(observation(last.number, False, "DECLINED: the human said no to this action;"
-                           " their reason follows as a note", **flags))
+        record(
+            observation(
+                last.number,
+                False,
+                "DECLINED: the human said no to this action;"
+                " their reason follows as a note",
+                **flags
+            )
+        )
     elif last.target is not None and fingerprint(last.action, project) != last.target:
-        record(observation(last.number, False, "CHANGED: the target is not what the human"
-                           " approved, so nothing was done; send the action again", **flags))
+        record(
+            observation(
+                last.number,
+                False,
+                "CHANGED: the target is not what the human"
+                " approved, so nothing was done; send the action again",
+                **flags
+            )
+        )
     else:
         result = execute(last.action, project)
         record(observation(last.number, **result, **flags))
@@ -86,8 +109,10 @@ def carry_out(state, project, record):
     return project
 
 NOT_VERIFIED = "NOT VERIFIED: "
-TESTS_ADVICE = ("Make the code pass the tests as they were; change a test only where the task asks"
-                " for it, and then only a person can accept DONE.")
+TESTS_ADVICE = (
+    "Make the code pass the tests as they were; change a test only where the task asks"
+    " for it, and then only a person can accept DONE."
+)
 
 def conclude(state, project, record, flags):
     """Verify the DONE of the last step (chapter "Verification"), asking a person when the tests as
@@ -100,17 +125,30 @@ def conclude(state, project, record, flags):
         else:
             accepted, why, changes = verify_tests(state, project)
             if not accepted:
-                record({"type": "verdict", "step": last.number, "verdict": "ask",
-                        "reason": NOT_VERIFIED + why, "target": changes})
+                record(
+                    {
+                        "type": "verdict",
+                        "step": last.number,
+                        "verdict": "ask",
+                        "reason": NOT_VERIFIED + why,
+                        "target": changes,
+                    }
+                )
                 return
             text = f"DONE accepted{why}"
     elif not last.approved:
         accepted, text = False, f"{last.reason}. {TESTS_ADVICE}\n{last.target['diff']}"
     elif test_changes(state, project) != last.target:
-        accepted, text = False, ("CHANGED: the tests changed while the person was deciding,"
-                                 " so nothing was accepted; send DONE again")
+        accepted, text = False, (
+            "CHANGED: the tests changed while the person was deciding,"
+            " so nothing was accepted; send DONE again"
+        )
     else:
-        accepted, text = True, "DONE accepted by a person, although " + last.reason.removeprefix(NOT_VERIFIED)
+        accepted, text = (
+            True,
+            "DONE accepted by a person, although "
+            + last.reason.removeprefix(NOT_VERIFIED),
+        )
     record(observation(last.number, accepted, text, **flags))
     if accepted:
         record(stop("done", last.action["summary"]))
@@ -123,6 +161,11 @@ def decide(state, approved, reason, project, record):
     event = {"type": "decision", "step": waiting.number, "approved": approved}
     record({**event, "reason": reason} if reason and not approved else event)
     if not approved and not reason and waiting.action["tool"] != "done":
-        record(stop("denied", f"step {waiting.number}: the human declined {headline(waiting.action)}"))
+        record(
+            stop(
+                "denied",
+                f"step {waiting.number}: the human declined {headline(waiting.action)}",
+            )
+        )
         return project
     return carry_out(state, current(project), record)

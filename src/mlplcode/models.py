@@ -1,4 +1,5 @@
 """Models: functions from chat messages to reply text, built from a spec string."""
+
 import io
 import json
 import os
@@ -69,8 +70,11 @@ def replay_model(path, used=0):
         events = read_events(path)
     except (OSError, ValueError) as error:
         raise ModelError(f"replay:{path}: {error}") from error
-    replies = [event["text"] if event["type"] == "reply" else event["summary"]
-               for event in events if event["type"] in ("reply", "compact")]
+    replies = [
+        event["text"] if event["type"] == "reply" else event["summary"]
+        for event in events
+        if event["type"] in ("reply", "compact")
+    ]
     return model_from_replies(replies, "replay", used)
 
 DEFAULT_TIMEOUT = 600.0  # seconds for a whole call, retries included
@@ -84,8 +88,13 @@ OLLAMA_BASE_URL = "http://127.0.0.1:11434/v1"
 def check_limits(timeout, max_reply_bytes, max_tokens):
     """Refuse, with ValueError, limits that no call could keep."""
     if not 0 < timeout <= 24 * 3600:
-        raise ValueError(f"timeout must be above 0 and at most a day, in seconds, not {timeout!r}")
-    for name, value in (("max_reply_bytes", max_reply_bytes), ("max_tokens", max_tokens)):
+        raise ValueError(
+            f"timeout must be above 0 and at most a day, in seconds, not {timeout!r}"
+        )
+    for name, value in (
+        ("max_reply_bytes", max_reply_bytes),
+        ("max_tokens", max_tokens),
+    ):
         if not (isinstance(value, int) and value > 0):
             raise ValueError(f"{name} must be a positive integer, not {value!r}")
 
@@ -101,8 +110,10 @@ def api_key(api_key_env, label):
     if not key:
         raise ModelError(f"{label}: environment variable {api_key_env} is not set")
     if not (key.isascii() and key.isprintable()):
-        raise ModelError(f"{label}: environment variable {api_key_env} holds characters "
-                         "an HTTP header cannot carry")
+        raise ModelError(
+            f"{label}: environment variable {api_key_env} holds characters "
+            "an HTTP header cannot carry"
+        )
     return key
 
 def excerpt(text, secret):
@@ -123,6 +134,7 @@ def described(error):
 
 class ChatRequest(NamedTuple):
     """One chat-completions request, ready to send, and the key it carries."""
+
     url: str
     payload: bytes
     headers: dict
@@ -132,8 +144,15 @@ class ChatRequest(NamedTuple):
 def chat_request(url, model_name, messages, max_tokens, key, extra):
     """The request that asks the model at `url` for one whole reply to `messages`.
 
-    EXTRA holds fields that only some servers read, such as a grammar (chapter "The grammar")."""
-    body = {"model": model_name, "messages": messages, "temperature": 0, "max_tokens": max_tokens, **extra}
+    EXTRA holds fields that only some servers read, such as a grammar (chapter "The grammar").
+    """
+    body = {
+        "model": model_name,
+        "messages": messages,
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        **extra,
+    }
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -168,17 +187,22 @@ def open_socket(parts, deadline):
     """A socket connected to the host of the split URL `parts`, in TLS for https, before `deadline`."""
     import socket
     import ssl
+
     port = parts.port or (443 if parts.scheme == "https" else 80)
     sock = socket.create_connection((parts.hostname, port), timeout=time_left(deadline))
     if parts.scheme == "https":
         sock.settimeout(time_left(deadline))
-        sock = ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
+        sock = ssl.create_default_context().wrap_socket(
+            sock, server_hostname=parts.hostname
+        )
     return sock
 
 def read_body(response, limit):
     """At most `limit` bytes of the body of `response`, read 64 KiB at most at a time."""
     body = bytearray()
-    while len(body) < limit and (piece := response.read1(min(65536, limit - len(body)))):
+    while len(body) < limit and (
+        piece := response.read1(min(65536, limit - len(body)))
+    ):
         body += piece
     return body
 
@@ -189,15 +213,27 @@ def post(request, deadline, limit):
     a refused or broken connection, the deadline, a malformed answer.
     """
     import http.client
+
     parts = urlsplit(request.url)
     with open_socket(parts, deadline) as sock:
         sender = http.client.HTTPConnection(parts.netloc)
         sender.sock = sock  # so that it writes on our socket instead of opening its own
         sock.settimeout(time_left(deadline))
-        sender.request("POST", parts.path, request.payload, {"Host": parts.netloc, **request.headers})
-        response = http.client.HTTPResponse(DeadlineReader(sock, deadline), method="POST")
+        sender.request(
+            "POST",
+            parts.path,
+            request.payload,
+            {"Host": parts.netloc, **request.headers},
+        )
+        response = http.client.HTTPResponse(
+            DeadlineReader(sock, deadline), method="POST"
+        )
         response.begin()
-        return response.status, response.getheader("Retry-After"), read_body(response, limit)
+        return (
+            response.status,
+            response.getheader("Retry-After"),
+            read_body(response, limit),
+        )
 
 LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
@@ -214,7 +250,9 @@ def reply_content(body, label, secret):
     except RecursionError:
         raise ModelError(f"{label}: reply is JSON nested too deeply to read") from None
     except ValueError:
-        raise ModelError(f"{label}: reply is not JSON: {excerpt(text, secret)}") from None
+        raise ModelError(
+            f"{label}: reply is not JSON: {excerpt(text, secret)}"
+        ) from None
     except (KeyError, IndexError, TypeError):
         raise ModelError(
             f"{label}: reply has no choices[0].message.content: {excerpt(text, secret)}"
@@ -241,7 +279,9 @@ def answer_text(status, retry_after, body, label, secret):
     """The reply in an HTTP answer; raises Retryable for a 5xx or a 429 that asks no long wait."""
     if status < 400:
         return reply_content(body, label, secret)
-    failure = f"HTTP {status}: {excerpt(body.decode('utf-8', errors='replace'), secret)}"
+    failure = (
+        f"HTTP {status}: {excerpt(body.decode('utf-8', errors='replace'), secret)}"
+    )
     if status < 500 and status != 429:
         raise ModelError(f"{label}: {failure}")
     if retry_after is not None and retry_after > RETRY_AFTER_LIMIT:
@@ -255,18 +295,23 @@ def attempt(request, deadline, timeout, max_reply_bytes, label):
     over `max_reply_bytes`, or the answer is not a chat reply.
     """
     import http.client
+
     try:
         status, retry_after, body = post(request, deadline, max_reply_bytes + 1)
     except ConnectionError as error:
         raise Retryable(f"connection failed: {described(error)}") from None
     except TimeoutError:
-        raise ModelError(f"{label}: no complete reply within the {timeout:g} s deadline") from None
+        raise ModelError(
+            f"{label}: no complete reply within the {timeout:g} s deadline"
+        ) from None
     except (OSError, ValueError, http.client.HTTPException) as error:
         # ValueError: a host name or a path that cannot be sent, such as one outside ASCII
         raise ModelError(f"{label}: request failed: {described(error)}") from None
     if len(body) > max_reply_bytes:
         raise ModelError(f"{label}: reply is longer than {max_reply_bytes} bytes")
-    return answer_text(status, retry_after_seconds(retry_after), body, label, request.secret)
+    return answer_text(
+        status, retry_after_seconds(retry_after), body, label, request.secret
+    )
 
 def print_retry(line):
     """Show a retry on standard error: the default `on_retry`."""
@@ -290,7 +335,9 @@ def with_retries(attempt_once, deadline, on_retry, label):
             wait = RETRY_BACKOFF * 2**retry if failure.wait is None else failure.wait
             if retry == RETRIES or time.monotonic() + wait >= deadline:
                 raise ModelError(f"{label}: {failure}{retries_note(retry)}") from None
-            on_retry(f"{label}: {failure}; retry {retry + 1} of {RETRIES} in {wait:g} s")
+            on_retry(
+                f"{label}: {failure}; retry {retry + 1} of {RETRIES} in {wait:g} s"
+            )
             time.sleep(wait)
 
 def grammar_fields(notation):
@@ -298,12 +345,23 @@ def grammar_fields(notation):
     if notation is None:
         return {}
     from .grammar import REQUEST_FIELD, grammar_text
+
     if notation not in REQUEST_FIELD:
-        raise ValueError(f"grammar {notation!r} is not one of {', '.join(REQUEST_FIELD)}")
+        raise ValueError(
+            f"grammar {notation!r} is not one of {', '.join(REQUEST_FIELD)}"
+        )
     return {REQUEST_FIELD[notation]: grammar_text(notation)}
 
-def openai_model(model_name, base_url, api_key_env, timeout, max_reply_bytes, max_tokens, on_retry,
-                 grammar):
+def openai_model(
+    model_name,
+    base_url,
+    api_key_env,
+    timeout,
+    max_reply_bytes,
+    max_tokens,
+    on_retry,
+    grammar,
+):
     """A model served by any OpenAI-compatible chat-completions server, within the limits given.
 
     The key is read from the environment at each call, so it lives in no
@@ -317,16 +375,36 @@ def openai_model(model_name, base_url, api_key_env, timeout, max_reply_bytes, ma
     extra = grammar_fields(grammar)
 
     def model(messages):
-        request = chat_request(url, model_name, messages, max_tokens, api_key(api_key_env, label), extra)
+        request = chat_request(
+            url, model_name, messages, max_tokens, api_key(api_key_env, label), extra
+        )
         deadline = time.monotonic() + timeout
-        return with_retries(lambda: attempt(request, deadline, timeout, max_reply_bytes, label),
-                            deadline, on_retry, label)
+        return with_retries(
+            lambda: attempt(request, deadline, timeout, max_reply_bytes, label),
+            deadline,
+            on_retry,
+            label,
+        )
 
-    model.unconstrained = model if grammar is None else openai_model(
-        model_name, base_url, api_key_env, timeout, max_reply_bytes, max_tokens, on_retry, None)
+    model.unconstrained = (
+        model
+        if grammar is None
+        else openai_model(
+            model_name,
+            base_url,
+            api_key_env,
+            timeout,
+            max_reply_bytes,
+            max_tokens,
+            on_retry,
+            None,
+        )
+    )
     return model
 
-SPEC_KINDS = "scripted:FILE.json, replay:JOURNAL, echo, openai:MODEL@URL or ollama:MODEL"
+SPEC_KINDS = (
+    "scripted:FILE.json, replay:JOURNAL, echo, openai:MODEL@URL or ollama:MODEL"
+)
 SPEC_USAGE = f"use {SPEC_KINDS}"
 
 
@@ -346,14 +424,28 @@ def openai_target(rest, spec):
     """
     model_name, _, base_url = rest.partition("@")
     parts = urlsplit(base_url)
-    if not (model_name and parts.scheme in ("http", "https") and parts.hostname
-            and "@" not in parts.netloc and has_valid_port(parts)):
+    if not (
+        model_name
+        and parts.scheme in ("http", "https")
+        and parts.hostname
+        and "@" not in parts.netloc
+        and has_valid_port(parts)
+    ):
         raise ValueError(f"malformed model spec {spec!r}; {SPEC_USAGE}")
     return model_name, base_url
 
-def model_from_spec(spec, api_key_env=None, used=0, *, timeout=DEFAULT_TIMEOUT,
-                    max_reply_bytes=DEFAULT_MAX_REPLY_BYTES, max_tokens=DEFAULT_MAX_TOKENS,
-                    on_retry=print_retry, grammar=None, context=None):
+def model_from_spec(
+    spec,
+    api_key_env=None,
+    used=0,
+    *,
+    timeout=DEFAULT_TIMEOUT,
+    max_reply_bytes=DEFAULT_MAX_REPLY_BYTES,
+    max_tokens=DEFAULT_MAX_TOKENS,
+    on_retry=print_retry,
+    grammar=None,
+    context=None,
+):
     """Build the model a spec string names; a list-backed one starts after `used` replies.
 
     Refuses an unknown spec, or limits no call could keep, with ValueError;
@@ -361,8 +453,13 @@ def model_from_spec(spec, api_key_env=None, used=0, *, timeout=DEFAULT_TIMEOUT,
     models, and `context` (the server's context window) only to the agent.
     """
     kind, _, rest = spec.partition(":")
-    http_options = {"timeout": timeout, "max_reply_bytes": max_reply_bytes,
-                    "max_tokens": max_tokens, "on_retry": on_retry, "grammar": grammar}
+    http_options = {
+        "timeout": timeout,
+        "max_reply_bytes": max_reply_bytes,
+        "max_tokens": max_tokens,
+        "on_retry": on_retry,
+        "grammar": grammar,
+    }
     if spec == "echo":
         return echo_model
     if kind == "scripted" and rest:
@@ -389,14 +486,23 @@ OLLAMA_SMALLEST_CONTEXT = 2048
 def fetch_json(url, body=None):
     """The JSON that a GET of URL (a POST of BODY, when given) answers, or None for any failure."""
     import http.client
+
     parts = urlsplit(url)
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    kind = (
+        http.client.HTTPSConnection
+        if parts.scheme == "https"
+        else http.client.HTTPConnection
+    )
     try:
         connection = kind(parts.netloc, timeout=PROBE_SECONDS)
         try:
             payload = None if body is None else json.dumps(body).encode()
-            connection.request("GET" if body is None else "POST", parts.path, payload,
-                               {"Content-Type": "application/json"})
+            connection.request(
+                "GET" if body is None else "POST",
+                parts.path,
+                payload,
+                {"Content-Type": "application/json"},
+            )
             response = connection.getresponse()
             data = response.read(DEFAULT_MAX_REPLY_BYTES)
         finally:
@@ -417,17 +523,34 @@ def probe_server(spec):
     base = base_url.rstrip("/")
     root = base.removesuffix("/v1")
     props = fetch_json(root + "/props")
-    if isinstance(props, dict) and isinstance(props.get("default_generation_settings"), dict):
-        return {"server": "llama.cpp", "context": props["default_generation_settings"].get("n_ctx")}
+    if isinstance(props, dict) and isinstance(
+        props.get("default_generation_settings"), dict
+    ):
+        return {
+            "server": "llama.cpp",
+            "context": props["default_generation_settings"].get("n_ctx"),
+        }
     listed = fetch_json(base + "/models")
     cards = listed.get("data") if isinstance(listed, dict) else None
-    card = next((card for card in cards or [] if isinstance(card, dict) and card.get("id") == model_name), None)
+    card = next(
+        (
+            card
+            for card in cards or []
+            if isinstance(card, dict) and card.get("id") == model_name
+        ),
+        None,
+    )
     if card and "max_model_len" in card:
         return {"server": "vllm", "context": card["max_model_len"]}
     shown = fetch_json(root + "/api/show", {"model": model_name})
     if isinstance(shown, dict) and "model_info" in shown:
-        setting = re.search(r"^num_ctx\s+(\d+)", str(shown.get("parameters", "")), re.MULTILINE)
-        return {"server": "ollama", "context": int(setting.group(1)) if setting else OLLAMA_SMALLEST_CONTEXT}
+        setting = re.search(
+            r"^num_ctx\s+(\d+)", str(shown.get("parameters", "")), re.MULTILINE
+        )
+        return {
+            "server": "ollama",
+            "context": int(setting.group(1)) if setting else OLLAMA_SMALLEST_CONTEXT,
+        }
     return {}
 
 DEFAULT_CONTEXT = 8192
@@ -439,12 +562,18 @@ def settled_options(spec, options):
     """OPTIONS with `grammar`, `context` and `max_tokens` made definite, asking SPEC's server if need be."""
     grammar = options.get("grammar", "auto") or "none"
     if grammar not in GRAMMAR_CHOICES:
-        raise ValueError(f"grammar {grammar!r} is not one of {', '.join(GRAMMAR_CHOICES)}")
+        raise ValueError(
+            f"grammar {grammar!r} is not one of {', '.join(GRAMMAR_CHOICES)}"
+        )
     said = probe_server(spec) if grammar == "auto" or not options.get("context") else {}
     if grammar == "auto":
         grammar = GRAMMAR_OF_SERVER.get(said.get("server"), "none")
     context = options.get("context") or said.get("context")
     context = context if isinstance(context, int) and context > 0 else DEFAULT_CONTEXT
     reply = min(options.get("max_tokens", DEFAULT_MAX_TOKENS), context // 4)
-    return {**options, "grammar": None if grammar == "none" else grammar, "context": context,
-            "max_tokens": reply}
+    return {
+        **options,
+        "grammar": None if grammar == "none" else grammar,
+        "context": context,
+        "max_tokens": reply,
+    }

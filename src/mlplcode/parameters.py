@@ -1,9 +1,16 @@
 """Papermill's parameters for notebooks of the mlplcode kernel, each one a settings command."""
+
 from papermill.engines import NBClientEngine
 from papermill.exceptions import PapermillException
 from papermill.translators import Translator, papermill_translators
 
-PARAMETERS = {"root": "%root", "model": "%model", "budget": "%budget", "policy": "%policy", "task": "%task --next"}
+PARAMETERS = {
+    "root": "%root",
+    "model": "%model",
+    "budget": "%budget",
+    "policy": "%policy",
+    "task": "%task --next",
+}
 
 
 class MlplcodeTranslator(Translator):
@@ -11,17 +18,27 @@ class MlplcodeTranslator(Translator):
 
     @classmethod
     def codify(cls, parameters, comment="Parameters"):
-        return "".join(setting_command(name, value) + "\n" for name, value in parameters.items())
+        return "".join(
+            setting_command(name, value) + "\n" for name, value in parameters.items()
+        )
 
 
 def setting_command(name, value):
     """The command that gives the parameter NAME its VALUE; refuses what no command can say."""
     if name not in PARAMETERS:
-        raise PapermillException(f"an mlplcode notebook takes the parameters {', '.join(PARAMETERS)};"
-                                 f" not {name!r}")
-    if isinstance(value, bool) or not isinstance(value, (str, int)) or len(str(value).splitlines()) != 1:
-        raise PapermillException(f"parameter {name}: a value is one line of text or a whole number,"
-                                 f" not {value!r}")
+        raise PapermillException(
+            f"an mlplcode notebook takes the parameters {', '.join(PARAMETERS)};"
+            f" not {name!r}"
+        )
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (str, int))
+        or len(str(value).splitlines()) != 1
+    ):
+        raise PapermillException(
+            f"parameter {name}: a value is one line of text or a whole number,"
+            f" not {value!r}"
+        )
     return f"{PARAMETERS[name]} {value}"
 
 papermill_translators.register("mlplcode", MlplcodeTranslator)

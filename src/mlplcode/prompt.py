@@ -1,4 +1,5 @@
 """The prompt: what the model sees at each step."""
+
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -16,7 +17,10 @@ SYSTEM_PROMPT = (
     " action, in one of these forms:\n\n"
     + "\n".join(verb.form for verb in VERBS)
     + "\n\nRules:\n"
-    + "".join(f"- {rule}\n" for rule in (*PROTOCOL_RULES, *(verb.rule for verb in VERBS if verb.rule)))
+    + "".join(
+        f"- {rule}\n"
+        for rule in (*PROTOCOL_RULES, *(verb.rule for verb in VERBS if verb.rule))
+    )
 )
 
 def cut(text, limit):
@@ -71,7 +75,9 @@ def step_paragraphs(state, number, next_note, limit):
     step = state.steps[number - 1]
     paragraphs = [f"ACTION {number}:\n{shown_action(step, limit)}"]
     if step.observation:
-        paragraphs.append(f"OBSERVATION {number}:\n{shown_observation(step.observation, limit)}")
+        paragraphs.append(
+            f"OBSERVATION {number}:\n{shown_observation(step.observation, limit)}"
+        )
     while next_note < len(state.notes) and state.notes[next_note][0] == number:
         paragraphs.append(f"NOTE FROM THE HUMAN: {state.notes[next_note][1]}")
         next_note += 1
@@ -80,6 +86,7 @@ def step_paragraphs(state, number, next_note, limit):
 @dataclass
 class Rendered:
     """The prompt's final paragraphs and their length, kept from one step to the next."""
+
     summarized: int = -1
     steps: int = 0
     next_note: int = 0
@@ -94,7 +101,9 @@ def kept(state, rendered):
         rendered.chars = sum(len(paragraph) + 2 for paragraph in rendered.paragraphs)
     limit = shown_limit(state)
     while rendered.steps < len(state.steps) - 1:
-        paragraphs, rendered.next_note = step_paragraphs(state, rendered.steps + 1, rendered.next_note, limit)
+        paragraphs, rendered.next_note = step_paragraphs(
+            state, rendered.steps + 1, rendered.next_note, limit
+        )
         rendered.paragraphs += paragraphs
         rendered.chars += sum(len(paragraph) + 2 for paragraph in paragraphs)
         rendered.steps += 1
@@ -104,15 +113,23 @@ def last_paragraphs(state, rendered):
     """The paragraphs after the kept ones: the last step, if any, and the steps left."""
     paragraphs = []
     if rendered.steps < len(state.steps):
-        paragraphs, _ = step_paragraphs(state, len(state.steps), rendered.next_note, shown_limit(state))
+        paragraphs, _ = step_paragraphs(
+            state, len(state.steps), rendered.next_note, shown_limit(state)
+        )
     left = state.budget - len(state.steps)
-    return paragraphs + [f"You have {left} of {state.budget} steps left. Reply with exactly one action."]
+    return paragraphs + [
+        f"You have {left} of {state.budget} steps left. Reply with exactly one action."
+    ]
 
 
 def prompt_tokens(state, rendered=None):
     """The estimated tokens of the next prompt."""
     rendered = kept(state, rendered or Rendered())
-    chars = len(SYSTEM_PROMPT) + rendered.chars + sum(len(p) + 2 for p in last_paragraphs(state, rendered))
+    chars = (
+        len(SYSTEM_PROMPT)
+        + rendered.chars
+        + sum(len(p) + 2 for p in last_paragraphs(state, rendered))
+    )
     return chars // CHARS_PER_TOKEN + 1
 
 def build_context(state, rendered=None):
@@ -125,4 +142,7 @@ def build_context(state, rendered=None):
     """
     rendered = kept(state, rendered or Rendered())
     user = "\n\n".join(chain(rendered.paragraphs, last_paragraphs(state, rendered)))
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": user},
+    ]

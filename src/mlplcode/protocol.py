@@ -5,6 +5,7 @@ verb and its arguments out of the reply, tolerating the habits of real models,
 and turns everything it cannot read into an error record whose reason the model
 sees on its next turn. `format_action` writes an action back as text.
 """
+
 import re
 
 from .verbs import VERB_OF_TOOL, VERBS
@@ -29,9 +30,9 @@ def parse_action(reply):
         lines = drop_outer_fence(lines, start)
         verb, argument = verb_line(lines[start]).groups(default="")
         if VERB_OF_NAME[verb].body:
-            body, rest = split_at_end(lines[start + 1:])
+            body, rest = split_at_end(lines[start + 1 :])
         else:
-            body, rest = [], lines[start + 1:]
+            body, rest = [], lines[start + 1 :]
         reject_second_action(rest)
         return build_action(verb, argument, body)
     except ParseError as error:
@@ -47,8 +48,10 @@ def reply_lines(reply):
     if text.startswith("<think>"):
         end = text.find("</think>")
         if end == -1:
-            raise ParseError("unclosed <think> block; close it with </think>, then send one action")
-        text = text[end + len("</think>"):].strip()
+            raise ParseError(
+                "unclosed <think> block; close it with </think>, then send one action"
+            )
+        text = text[end + len("</think>") :].strip()
     if not text:
         raise ParseError("empty reply; send exactly one action, such as READ <path>")
     return text.split("\n")
@@ -64,7 +67,9 @@ def action_start(lines):
             return number
     raise ParseError(no_action_reason(lines))
 
-VERB_LINE = re.compile(rf"(?:ACTION(?: \d+)?:\s*)?({'|'.join(ACTION_VERBS)})(?:\s+(.*))?")
+VERB_LINE = re.compile(
+    rf"(?:ACTION(?: \d+)?:\s*)?({'|'.join(ACTION_VERBS)})(?:\s+(.*))?"
+)
 
 
 def verb_line(line):
@@ -80,7 +85,11 @@ def no_action_reason(lines):
     A verb in the wrong case and an invented verb get reasons of their own,
     because the model can fix those in one step.
     """
-    words = [re.sub(r"^ACTION(?: \d+)?:", "", line.strip()).split() for line in lines if not is_fence(line)]
+    words = [
+        re.sub(r"^ACTION(?: \d+)?:", "", line.strip()).split()
+        for line in lines
+        if not is_fence(line)
+    ]
     first = next((line_words[0] for line_words in words if line_words), "")
     if first.upper() in ACTION_VERBS:
         return f"verbs are upper case; write {first.upper()}, not {first}"
@@ -109,7 +118,7 @@ def split_at_end(lines):
     if "END" not in lines:
         return lines, []
     end = lines.index("END")
-    return lines[:end], lines[end + 1:]
+    return lines[:end], lines[end + 1 :]
 
 def reject_second_action(rest):
     """Refuse a second verb line after a complete action.
@@ -122,7 +131,9 @@ def reject_second_action(rest):
         if line.strip().startswith("OBSERVATION:"):
             return
         if verb_line(line):
-            raise ParseError("two actions in one reply; send exactly one and wait for its result")
+            raise ParseError(
+                "two actions in one reply; send exactly one and wait for its result"
+            )
 
 def missing_argument(verb):
     """The reason for a verb line without its argument: what it needs, and its whole form."""
@@ -164,11 +175,16 @@ def split_patch(lines):
         lines = lines[1:]
     if not lines or lines[0] != "OLD":
         raise ParseError(
-            "PATCH needs OLD after the path line, then the old lines, NEW, the new lines, END")
+            "PATCH needs OLD after the path line, then the old lines, NEW, the new lines, END"
+        )
     if "NEW" not in lines:
-        raise ParseError("PATCH needs a line NEW between the old lines and the new lines")
+        raise ParseError(
+            "PATCH needs a line NEW between the old lines and the new lines"
+        )
     middle = lines.index("NEW")
-    return body_text(unwrap_body(lines[1:middle])), body_text(unwrap_body(lines[middle + 1:]))
+    return body_text(unwrap_body(lines[1:middle])), body_text(
+        unwrap_body(lines[middle + 1 :])
+    )
 
 def unwrap_body(lines):
     """Remove a Markdown fence that a model put around a body, and keep every other fence.
@@ -189,7 +205,7 @@ def unwrap_body(lines):
     while end and not inner[end - 1].strip():
         end -= 1
     if end and is_closing_fence(inner[end - 1]) and sum(map(is_fence, inner)) % 2 == 1:
-        return inner[:end - 1]
+        return inner[: end - 1]
     return inner
 
 FENCE = re.compile(r"```[\w.+-]*")

@@ -1,4 +1,5 @@
 """Showing a run: steps, stops, notes and state as views, written out as text, Markdown and HTML."""
+
 import difflib
 import html
 import re
@@ -10,12 +11,16 @@ from .verbs import VERB_OF_TOOL
 
 def step_view(state, step):
     """The view of one step of STATE: title, reply, action, verdict and, once there is one, observation."""
-    view = [("title", "", f"step {step.number}: {step_title(step)}"),
-            ("block", "reply", step.reply),
-            action_part(state, step),
-            ("line", "verdict", verdict_text(step))]
+    view = [
+        ("title", "", f"step {step.number}: {step_title(step)}"),
+        ("block", "reply", step.reply),
+        action_part(state, step),
+        ("line", "verdict", verdict_text(step)),
+    ]
     if step.action.get("tool") == "done" and step.target:
-        view.append(("diff", "the tests, as this run changed them", step.target["diff"]))
+        view.append(
+            ("diff", "the tests, as this run changed them", step.target["diff"])
+        )
     if step.observation and step.observation.get("repeat"):
         view.append(("line", "note", "this reply is identical to the previous one"))
     if step.observation:
@@ -26,21 +31,35 @@ def step_title(step):
     if "tool" in step.action:
         return headline(step.action)
     first = step.reply.strip().split("\n", 1)[0]
-    return f"reply not parsed: {first[:60]}" if first else "reply not parsed (an empty reply)"
+    return (
+        f"reply not parsed: {first[:60]}"
+        if first
+        else "reply not parsed (an empty reply)"
+    )
 
 def action_part(state, step):
     """The action of STEP as a view part: a diff for WRITE and PATCH, protocol text otherwise."""
     action = step.action
     if "tool" not in action:
-        return ("line", "action", f"none ({action.get('error', 'the step was cut short')})")
+        return (
+            "line",
+            "action",
+            f"none ({action.get('error', 'the step was cut short')})",
+        )
     if VERB_OF_TOOL[action["tool"]].shown == "diff":
         return ("diff", "action", change(state, step))
     return ("block", "action", format_action(action).rstrip("\n"))
 
 def verdict_text(step):
-    text = f"{step.verdict} ({step.reason})" if step.verdict else "none (the step was interrupted)"
+    text = (
+        f"{step.verdict} ({step.reason})"
+        if step.verdict
+        else "none (the step was interrupted)"
+    )
     if step.approved is not None:
-        text += ", approved by the human" if step.approved else ", declined by the human"
+        text += (
+            ", approved by the human" if step.approved else ", declined by the human"
+        )
     return text
 
 def seen_files(steps):
@@ -62,12 +81,21 @@ def change(state, step):
     """STEP's WRITE or PATCH as a unified diff: OLD against NEW, or the file as last seen against the content."""
     action, path = step.action, step.action["path"]
     if action["tool"] == "patch":
-        before, after, names = action["old"], action["new"], (f"{path} (OLD)", f"{path} (NEW)")
+        before, after, names = (
+            action["old"],
+            action["new"],
+            (f"{path} (OLD)", f"{path} (NEW)"),
+        )
     else:
-        seen = seen_files(state.steps[:step.number - 1])
+        seen = seen_files(state.steps[: step.number - 1])
         before, after = seen.get(path, ""), action["content"]
-        names = (f"{path} (as last seen)" if path in seen else "/dev/null", f"{path} (written)")
-    lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), *names)
+        names = (
+            f"{path} (as last seen)" if path in seen else "/dev/null",
+            f"{path} (written)",
+        )
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True), *names
+    )
     text = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
     return text or f"{path}: no change\n"
 
@@ -81,12 +109,17 @@ def note_view(text):
     return [("block", "note for the model", text)]
 
 def compact_view(upto, summary):
-    return [("line", "compacted", f"steps 1 to {upto} are summarized in the prompt"),
-            ("block", "summary", summary)]
+    return [
+        ("line", "compacted", f"steps 1 to {upto} are summarized in the prompt"),
+        ("block", "summary", summary),
+    ]
 
 def report_views(state, numbers, words):
     """[(kind, step number, view)] for the steps NUMBERS of STATE, then its ask or its stop."""
-    views = [("step", number, step_view(state, state.steps[number - 1])) for number in numbers]
+    views = [
+        ("step", number, step_view(state, state.steps[number - 1]))
+        for number in numbers
+    ]
     waiting = waiting_step(state)
     if waiting:
         views.append(("ask", waiting.number, waiting_view(words)))
@@ -96,16 +129,22 @@ def report_views(state, numbers, words):
 
 def state_view(start, state, journal):
     """How a run stands: its facts, its steps against the budget, and what comes next."""
-    view = [("title", "", f"run {start['run']}"), ("line", "task", start["task"]),
-            ("line", "root", start["root"]), ("line", "model", start["model"]),
-            ("line", "journal", journal),
-            ("line", "steps", f"{len(state.steps)} of {state.budget}"),
-            ("line", "notes", str(len(state.notes)))]
+    view = [
+        ("title", "", f"run {start['run']}"),
+        ("line", "task", start["task"]),
+        ("line", "root", start["root"]),
+        ("line", "model", start["model"]),
+        ("line", "journal", journal),
+        ("line", "steps", f"{len(state.steps)} of {state.budget}"),
+        ("line", "notes", str(len(state.notes))),
+    ]
     waiting = waiting_step(state)
     if state.stop:
         return view + stop_view(state.stop)
     if waiting:
-        return view + [("line", "waiting", f"step {waiting.number} asks for a decision")]
+        return view + [
+            ("line", "waiting", f"step {waiting.number} asks for a decision")
+        ]
     return view + [("line", "next", f"step {len(state.steps) + 1}")]
 
 def prompt_view(messages):
@@ -140,7 +179,9 @@ def as_markdown(view, level=4):
         elif kind == "line":
             parts.append(f"**{label}:** {markdown_escape(text)}")
         else:
-            fence = "`" * max(3, 1 + max((len(run) for run in re.findall("`+", text)), default=0))
+            fence = "`" * max(
+                3, 1 + max((len(run) for run in re.findall("`+", text)), default=0)
+            )
             language = "diff" if kind == "diff" else "text"
             body = text.rstrip("\n")
             parts.append(f"**{label}:**\n\n{fence}{language}\n{body}\n{fence}")
@@ -171,9 +212,15 @@ def diff_html(text):
     for line in text.splitlines():
         colour = DIFF_COLOURS.get(line[:1])
         escaped = html.escape(line)
-        lines.append(f'<span style="color:{colour}">{escaped}</span>' if colour else escaped)
+        lines.append(
+            f'<span style="color:{colour}">{escaped}</span>' if colour else escaped
+        )
     return "\n".join(lines)
 
 def bundle(view):
     """VIEW in the three MIME types of a notebook output."""
-    return {"text/plain": as_text(view), "text/markdown": as_markdown(view), "text/html": as_html(view)}
+    return {
+        "text/plain": as_text(view),
+        "text/markdown": as_markdown(view),
+        "text/html": as_html(view),
+    }

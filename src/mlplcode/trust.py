@@ -1,4 +1,5 @@
 """Trust: terminal-safe text, secrets kept from the model, and the sandbox RUN executes in."""
+
 import base64
 import functools
 import os
@@ -12,15 +13,20 @@ import urllib.parse
 
 INVISIBLE_CATEGORIES = ("Cc", "Cf", "Zl", "Zp", "Cs")
 # Other_Default_Ignorable_Code_Point and Variation_Selector of Unicode's PropList.txt.
-DEFAULT_IGNORABLE = re.compile("[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2065\u3164"
-                               "\ufe00-\ufe0f\uffa0\ufff0-\ufff8\U000e0000-\U000e0fff]")
+DEFAULT_IGNORABLE = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2065\u3164"
+    "\ufe00-\ufe0f\uffa0\ufff0-\ufff8\U000e0000-\U000e0fff]"
+)
 
 
 def is_invisible(char):
     """Whether CHAR would act on a terminal or hide itself instead of showing: controls,
-    escapes, bidi overrides, zero-width and tag characters, fillers, variation selectors."""
-    return char not in "\n\t" and (unicodedata.category(char) in INVISIBLE_CATEGORIES
-                                   or DEFAULT_IGNORABLE.match(char) is not None)
+    escapes, bidi overrides, zero-width and tag characters, fillers, variation selectors.
+    """
+    return char not in "\n\t" and (
+        unicodedata.category(char) in INVISIBLE_CATEGORIES
+        or DEFAULT_IGNORABLE.match(char) is not None
+    )
 
 def escape(char):
     """CHAR as a Python-style escape: \\x1b, \\u202e, \\U000e0041."""
@@ -31,8 +37,10 @@ def escape(char):
 
 # Org link types that run code or a program when followed (Org 9.5, ol.el and its modules).
 ACTING_LINK_TYPES = r"elisp|shell|eshell|man|file\+sys|docview"
-ACTING_IN_EMACS = re.compile(rf"(?i)(?:(?<=\[\[)|(?<=<))(?:{ACTING_LINK_TYPES}):"
-                             rf"|(?<![a-z0-9])(?:{ACTING_LINK_TYPES}):(?=\S)|local variables:")
+ACTING_IN_EMACS = re.compile(
+    rf"(?i)(?:(?<=\[\[)|(?<=<))(?:{ACTING_LINK_TYPES}):"
+    rf"|(?<![a-z0-9])(?:{ACTING_LINK_TYPES}):(?=\S)|local variables:"
+)
 
 OUTSIDE_PRINTABLE_ASCII = re.compile(r"[^\t\n\x20-\x7e]")
 
@@ -41,35 +49,42 @@ def visible(text):
     """TEXT with every invisible character shown as its escape, and the colon of what Emacs
     would act on (an Org link that runs code, a Local Variables block) escaped too."""
     shown = OUTSIDE_PRINTABLE_ASCII.sub(
-        lambda match: escape(match[0]) if is_invisible(match[0]) else match[0], text)
+        lambda match: escape(match[0]) if is_invisible(match[0]) else match[0], text
+    )
     return ACTING_IN_EMACS.sub(lambda match: match[0][:-1] + "\\x3a", shown)
 
-PRIVATE_KEY = re.compile(r"----[- ]?BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}"
-                         r"|-----BEGIN OpenVPN Static key V1-----|PuTTY-User-Key-File-\d+:")
-SECRET_SHAPES = tuple(re.compile(pattern, re.DOTALL) for pattern in (
-    r"----[- ]?BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}.*?"
-    r"(?:----[- ]?END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}|\Z)",
-    r"-----BEGIN OpenVPN Static key V1-----.*?(?:-----END OpenVPN Static key V1-----|\Z)",
-    r"PuTTY-User-Key-File-\d+:.*?(?:Private-MAC: *[0-9a-fA-F]+|\Z)",
-    r"(?:AKIA|ASIA|ABIA|ACCA)(?<=\b....)[0-9A-Z]{16}\b",
-    r"gh[pousr]_(?<=\bgh._)[A-Za-z0-9]{30,}",
-    r"github_pat_(?<=\bgithub_pat_)[A-Za-z0-9_]{30,}",
-    r"glpat-(?<=\bglpat-)[A-Za-z0-9_-]{20,}",
-    r"sk-(?<=\bsk-)[A-Za-z0-9_-]{20,}",
-    r"sk_(?:live|test)_(?<=\bsk_...._)[A-Za-z0-9]{10,}",
-    r"rk_(?:live|test)_(?<=\brk_...._)[A-Za-z0-9]{10,}",
-    r"xox[abprs]-(?<=\bxox.-)[A-Za-z0-9-]{10,}",
-    r"AIza(?<=\bAIza)[0-9A-Za-z_-]{35}",
-    r"npm_(?<=\bnpm_)[A-Za-z0-9]{36}",
-    r"pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_-]{50,}",
-    r"hf_(?<=\bhf_)[A-Za-z0-9]{34,}",
-    r"dckr_pat_(?<=\bdckr_pat_)[A-Za-z0-9_-]{20,}",
-    r"eyJ(?<=\beyJ)[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}",
-))
+PRIVATE_KEY = re.compile(
+    r"----[- ]?BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}"
+    r"|-----BEGIN OpenVPN Static key V1-----|PuTTY-User-Key-File-\d+:"
+)
+SECRET_SHAPES = tuple(
+    re.compile(pattern, re.DOTALL)
+    for pattern in (
+        r"----[- ]?BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}.*?"
+        r"(?:----[- ]?END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}|\Z)",
+        r"-----BEGIN OpenVPN Static key V1-----.*?(?:-----END OpenVPN Static key V1-----|\Z)",
+        r"PuTTY-User-Key-File-\d+:.*?(?:Private-MAC: *[0-9a-fA-F]+|\Z)",
+        r"(?:AKIA|ASIA|ABIA|ACCA)(?<=\b....)[0-9A-Z]{16}\b",
+        r"gh[pousr]_(?<=\bgh._)[A-Za-z0-9]{30,}",
+        r"github_pat_(?<=\bgithub_pat_)[A-Za-z0-9_]{30,}",
+        r"glpat-(?<=\bglpat-)[A-Za-z0-9_-]{20,}",
+        r"sk-(?<=\bsk-)[A-Za-z0-9_-]{20,}",
+        r"sk_(?:live|test)_(?<=\bsk_...._)[A-Za-z0-9]{10,}",
+        r"rk_(?:live|test)_(?<=\brk_...._)[A-Za-z0-9]{10,}",
+        r"xox[abprs]-(?<=\bxox.-)[A-Za-z0-9-]{10,}",
+        r"AIza(?<=\bAIza)[0-9A-Za-z_-]{35}",
+        r"npm_(?<=\bnpm_)[A-Za-z0-9]{36}",
+        r"pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_-]{50,}",
+        r"hf_(?<=\bhf_)[A-Za-z0-9]{34,}",
+        r"dckr_pat_(?<=\bdckr_pat_)[A-Za-z0-9_-]{20,}",
+        r"eyJ(?<=\beyJ)[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}",
+    )
+)
 
 ASSIGNED_SECRET = re.compile(
     r"(?i)\b(\w*(?:secret|token|passw(?:or)?d|api_?key)\w*)(\s*[:=]\s*[\"']?)"
-    r"(?=[A-Za-z0-9+/=_.-]*\d)(?=[A-Za-z0-9+/=_.-]*[A-Za-z])([A-Za-z0-9+/=_.-]{16,})")
+    r"(?=[A-Za-z0-9+/=_.-]*\d)(?=[A-Za-z0-9+/=_.-]*[A-Za-z])([A-Za-z0-9+/=_.-]{16,})"
+)
 REDACTED = "[redacted]"
 
 SHORTEST_ENCODED_SECRET = 8
@@ -81,21 +96,29 @@ def encoded_forms(value):
     data = value.encode("utf-8", "surrogateescape")
     if len(data) < SHORTEST_ENCODED_SECRET:
         return set()
-    forms = {data.hex(), data.hex().upper(), urllib.parse.quote(data, safe=""),
-             urllib.parse.quote_plus(data)}
+    forms = {
+        data.hex(),
+        data.hex().upper(),
+        urllib.parse.quote(data, safe=""),
+        urllib.parse.quote_plus(data),
+    }
     for offset in range(3):
         for encode in (base64.b64encode, base64.urlsafe_b64encode):
             encoded = encode(bytes(offset) + data).decode("ascii")
-            forms.add(encoded[-(-8 * offset // 6):8 * (offset + len(data)) // 6])
+            forms.add(encoded[-(-8 * offset // 6) : 8 * (offset + len(data)) // 6])
     return forms - {value}
 
 
 @functools.lru_cache(maxsize=4)
 def secret_forms(values):
     """VALUES, a frozenset, with every encoded form of each: what redaction looks for."""
-    return frozenset(form for value in values for form in (value, *encoded_forms(value)))
+    return frozenset(
+        form for value in values for form in (value, *encoded_forms(value))
+    )
 
-BASE64_LINES = re.compile(r"(?m)^(?:[A-Za-z0-9+/_-]{16,}={0,2}\r?\n)+[A-Za-z0-9+/_-]+={0,2}(?=\r?$)")
+BASE64_LINES = re.compile(
+    r"(?m)^(?:[A-Za-z0-9+/_-]{16,}={0,2}\r?\n)+[A-Za-z0-9+/_-]+={0,2}(?=\r?$)"
+)
 
 
 def unwrapped_if_secret(block, values):
@@ -125,7 +148,10 @@ def possible_values(text, values):
     if len(values) <= FEW_VALUES:
         return values
     filed, short = values_by_start(values)
-    starts = {text[at:at + SHORTEST_LOOKED_FOR] for at in range(len(text) - SHORTEST_LOOKED_FOR + 1)}
+    starts = {
+        text[at : at + SHORTEST_LOOKED_FOR]
+        for at in range(len(text) - SHORTEST_LOOKED_FOR + 1)
+    }
     return short + [value for start in starts & filed.keys() for value in filed[start]]
 
 
@@ -138,7 +164,9 @@ def replace_values(text, values):
 def redact(text, values=()):
     """TEXT with known secret VALUES and anything shaped like a key or token replaced."""
     if values:
-        text = BASE64_LINES.sub(lambda block: unwrapped_if_secret(block[0], values), text)
+        text = BASE64_LINES.sub(
+            lambda block: unwrapped_if_secret(block[0], values), text
+        )
         text = replace_values(text, values)
     for shape in SECRET_SHAPES:
         text = shape.sub(REDACTED, text)
@@ -152,19 +180,30 @@ SHORTEST_SECRET = 6
 def is_secret_variable(name):
     """Say whether an environment variable's name marks it as a secret, ignoring case."""
     upper = name.upper()
-    return (upper in SECRET_VARIABLES or upper.endswith(SECRET_VARIABLE_SUFFIXES)
-            or "API_KEY" in upper)
+    return (
+        upper in SECRET_VARIABLES
+        or upper.endswith(SECRET_VARIABLE_SUFFIXES)
+        or "API_KEY" in upper
+    )
 
 
 def environment_secrets():
     """The values of the agent's secret-named variables, long enough to be worth finding."""
-    return {value for name, value in os.environ.items()
-            if is_secret_variable(name) and len(value) >= SHORTEST_SECRET}
+    return {
+        value
+        for name, value in os.environ.items()
+        if is_secret_variable(name) and len(value) >= SHORTEST_SECRET
+    }
 
 CHILD_VARIABLES = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
-GIT_SAFETY = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull,
-              "GIT_ATTR_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
-              "GIT_OPTIONAL_LOCKS": "0", "GIT_NO_LAZY_FETCH": "1"}
+GIT_SAFETY = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_ATTR_NOSYSTEM": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_OPTIONAL_LOCKS": "0",
+    "GIT_NO_LAZY_FETCH": "1",
+}
 
 def inside(path, directory):
     """Whether PATH is DIRECTORY or lies under it; both must be real absolute paths."""
@@ -176,8 +215,11 @@ def safe_path(root):
     could fill with a program named git."""
     real_root = os.path.realpath(root)
     entries = os.environ.get("PATH", os.defpath).split(os.pathsep)
-    return os.pathsep.join(entry for entry in entries if os.path.isabs(entry)
-                           and not inside(os.path.realpath(entry), real_root))
+    return os.pathsep.join(
+        entry
+        for entry in entries
+        if os.path.isabs(entry) and not inside(os.path.realpath(entry), real_root)
+    )
 
 
 def child_environment(root, home):
@@ -192,15 +234,26 @@ def find_program(name, root):
 
 def interpreter_directories():
     """The real directories of the Python that runs the tests: its prefixes."""
-    return sorted({os.path.realpath(path) for path in
-                   (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)})
+    return sorted(
+        {
+            os.path.realpath(path)
+            for path in (
+                sys.prefix,
+                sys.base_prefix,
+                sys.exec_prefix,
+                sys.base_exec_prefix,
+            )
+        }
+    )
 
 
 def find_python(root):
     """sys.executable, unless it or one of its prefixes lies inside ROOT: then None."""
     real_root = os.path.realpath(root)
     candidates = [os.path.realpath(sys.executable), *interpreter_directories()]
-    return None if any(inside(path, real_root) for path in candidates) else sys.executable
+    return (
+        None if any(inside(path, real_root) for path in candidates) else sys.executable
+    )
 
 RUN_CPU_SECONDS = 120
 RUN_FILE_BYTES = 64 * 1024 * 1024
@@ -209,20 +262,55 @@ RUN_MEMORY_BYTES = 4 * 1024 * 1024 * 1024
 
 def limit_resources():
     """Set the child's rlimits, between fork and exec: CPU time, file size, address space."""
-    for limit, value in ((resource.RLIMIT_CPU, RUN_CPU_SECONDS),
-                         (resource.RLIMIT_FSIZE, RUN_FILE_BYTES),
-                         (resource.RLIMIT_AS, RUN_MEMORY_BYTES)):
+    for limit, value in (
+        (resource.RLIMIT_CPU, RUN_CPU_SECONDS),
+        (resource.RLIMIT_FSIZE, RUN_FILE_BYTES),
+        (resource.RLIMIT_AS, RUN_MEMORY_BYTES),
+    ):
         resource.setrlimit(limit, (value, value))
 
 SANDBOX_TMP_BYTES = 256 * 1024 * 1024
-SYSTEM_DIRECTORIES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+SYSTEM_DIRECTORIES = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+)
 # What /proc holds that acts on the whole machine (made read-only) or shows the kernel's
 # memory, timers and keys (hidden): the lists container runtimes use.
-PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/fs", "/proc/irq", "/proc/bus")
-PROC_HIDDEN = ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug",
-               "/proc/acpi", "/proc/scsi", "/proc/latency_stats")
-ISOLATION = ("--unshare-all", "--unshare-user", "--disable-userns", "--uid", "65534",
-             "--gid", "65534", "--cap-drop", "ALL", "--die-with-parent", "--new-session")
+PROC_READ_ONLY = (
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/bus",
+)
+PROC_HIDDEN = (
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/timer_list",
+    "/proc/sched_debug",
+    "/proc/acpi",
+    "/proc/scsi",
+    "/proc/latency_stats",
+)
+ISOLATION = (
+    "--unshare-all",
+    "--unshare-user",
+    "--disable-userns",
+    "--uid",
+    "65534",
+    "--gid",
+    "65534",
+    "--cap-drop",
+    "ALL",
+    "--die-with-parent",
+    "--new-session",
+)
 
 def private_files(directory):
     """What under DIRECTORY others may not read (a directory: read and enter), links aside."""
@@ -237,8 +325,9 @@ def private_files(directory):
             needed = 0o005 if stat.S_ISDIR(mode) else 0o004
             if not stat.S_ISLNK(mode) and mode & needed != needed:
                 found.append(path)
-        subdirectories[:] = [name for name in subdirectories
-                             if os.path.join(parent, name) not in found]
+        subdirectories[:] = [
+            name for name in subdirectories if os.path.join(parent, name) not in found
+        ]
     return found
 
 
@@ -278,8 +367,15 @@ def sandbox_argv(bwrap, argv, root, interpreter, protected, masked, empty):
     PROTECTED paths in the root are read-only; MASKED ones are replaced by an empty
     directory or the EMPTY file.
     """
-    command = [bwrap, *system_mounts(empty), *proc_mounts(empty),
-               "--size", str(SANDBOX_TMP_BYTES), "--tmpfs", "/tmp"]
+    command = [
+        bwrap,
+        *system_mounts(empty),
+        *proc_mounts(empty),
+        "--size",
+        str(SANDBOX_TMP_BYTES),
+        "--tmpfs",
+        "/tmp",
+    ]
     for path in interpreter:
         command += ["--ro-bind", path, path]
     command += ["--bind", root, root]
@@ -293,5 +389,7 @@ def sandbox_banner(bwrap):
     """One line for the top of a run: whether RUN is sandboxed (BWRAP found), and what that means."""
     if bwrap:
         return "sandboxed by bubblewrap (no network, nothing of the machine but its system files, no leftover process)"
-    return ("unsandboxed: bubblewrap (bwrap) not found; tests run with your user's files"
-            " and network")
+    return (
+        "unsandboxed: bubblewrap (bwrap) not found; tests run with your user's files"
+        " and network"
+    )

@@ -1,4 +1,5 @@
 """The verbs: each action the model can take, declared once, and what is derived from the table."""
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -8,12 +9,19 @@ from .tools.approval import command_target, file_target
 from .tools.read import check_read, read_file
 from .tools.run import check_run, run_command
 from .tools.search import search_files
-from .tools.write import check_patch, check_write, patch_file, write_category, write_file
+from .tools.write import (
+    check_patch,
+    check_write,
+    patch_file,
+    write_category,
+    write_file,
+)
 from .trust import redact
 
 @dataclass(frozen=True)
 class Verb:
     """One verb of the protocol: how it is written, taught, judged, carried out and shown."""
+
     name: str
     argument: str
     needs: str
@@ -28,25 +36,87 @@ class Verb:
     kind: str = "other"
 
 VERBS = (
-    Verb("READ", "path", "a path", "", "READ <path>", "",
-         "read", check_read, read_file, file_target, kind="read"),
-    Verb("SEARCH", "query", "the text to look for", "", "SEARCH <text>", "",
-         "search", None, search_files, None, kind="search"),
-    Verb("WRITE", "path", "a path", "content", "WRITE <path>\n<complete file contents>\nEND",
-         "READ a file before you WRITE or PATCH it. WRITE replaces the whole file.",
-         write_category, check_write, write_file, file_target, "diff", kind="edit"),
-    Verb("PATCH", "path", "a path", "patch",
-         "PATCH <path>\nOLD\n<exact existing lines>\nNEW\n<replacement lines>\nEND",
-         "PATCH replaces the OLD lines, which must occur exactly once in the file.",
-         write_category, check_patch, patch_file, file_target, "diff", kind="edit"),
-    Verb("RUN", "command", "a command", "", "RUN <command>",
-         "RUN runs the tests or looks at git, without a shell: pytest, python -m pytest,"
-         " git status, git diff.",
-         classify_command, check_run, run_command, command_target, kind="execute"),
-    Verb("DONE", "summary", "a one-line summary", "", "DONE <summary>",
-         "DONE is accepted only after you have edited a file and a test run has passed"
-         " since that edit; the project's tests as they were before your changes must pass too.",
-         "done", None, None, None),
+    Verb(
+        "READ",
+        "path",
+        "a path",
+        "",
+        "READ <path>",
+        "",
+        "read",
+        check_read,
+        read_file,
+        file_target,
+        kind="read",
+    ),
+    Verb(
+        "SEARCH",
+        "query",
+        "the text to look for",
+        "",
+        "SEARCH <text>",
+        "",
+        "search",
+        None,
+        search_files,
+        None,
+        kind="search",
+    ),
+    Verb(
+        "WRITE",
+        "path",
+        "a path",
+        "content",
+        "WRITE <path>\n<complete file contents>\nEND",
+        "READ a file before you WRITE or PATCH it. WRITE replaces the whole file.",
+        write_category,
+        check_write,
+        write_file,
+        file_target,
+        "diff",
+        kind="edit",
+    ),
+    Verb(
+        "PATCH",
+        "path",
+        "a path",
+        "patch",
+        "PATCH <path>\nOLD\n<exact existing lines>\nNEW\n<replacement lines>\nEND",
+        "PATCH replaces the OLD lines, which must occur exactly once in the file.",
+        write_category,
+        check_patch,
+        patch_file,
+        file_target,
+        "diff",
+        kind="edit",
+    ),
+    Verb(
+        "RUN",
+        "command",
+        "a command",
+        "",
+        "RUN <command>",
+        "RUN runs the tests or looks at git, without a shell: pytest, python -m pytest,"
+        " git status, git diff.",
+        classify_command,
+        check_run,
+        run_command,
+        command_target,
+        kind="execute",
+    ),
+    Verb(
+        "DONE",
+        "summary",
+        "a one-line summary",
+        "",
+        "DONE <summary>",
+        "DONE is accepted only after you have edited a file and a test run has passed"
+        " since that edit; the project's tests as they were before your changes must pass too.",
+        "done",
+        None,
+        None,
+        None,
+    ),
 )
 
 VERB_OF_TOOL = {verb.name.lower(): verb for verb in VERBS}
@@ -93,7 +163,9 @@ def execute(action: dict, project) -> dict:
     verb = VERB_OF_TOOL.get(name) if isinstance(name, str) else None
     if verb is None or verb.run is None:
         return failure(f"unknown tool {name!r}; use one of {', '.join(TOOL_NAMES)}")
-    missing = [field for field in fields(verb) if not isinstance(action.get(field), str)]
+    missing = [
+        field for field in fields(verb) if not isinstance(action.get(field), str)
+    ]
     if missing:
         return failure(f"{name} needs the text field(s) {', '.join(missing)}")
     try:
@@ -101,5 +173,7 @@ def execute(action: dict, project) -> dict:
     except PathRefused as refusal:
         result = failure(str(refusal))
     except (OSError, UnicodeError) as problem:
-        result = failure(f"{name} failed: {problem}; check the path or content and try again")
+        result = failure(
+            f"{name} failed: {problem}; check the path or content and try again"
+        )
     return {**result, "text": redact(result["text"], project.secret_values)}

@@ -1,4 +1,5 @@
 """Verification: DONE is a claim, the journal is the evidence, and the tests as they were are the judge."""
+
 import difflib
 import fnmatch
 import hashlib
@@ -18,7 +19,9 @@ from .verbs import execute
 
 def succeeded(step, tools):
     """Whether STEP used one of TOOLS and its observation says it worked."""
-    return step.action.get("tool") in tools and bool(step.observation and step.observation["ok"])
+    return step.action.get("tool") in tools and bool(
+        step.observation and step.observation["ok"]
+    )
 
 def verify_done(state):
     """(True, "") when a file was edited and the last test run after the edit passed.
@@ -26,16 +29,28 @@ def verify_done(state):
     Otherwise (False, reason): the model sees NOT VERIFIED and the reason,
     and the run goes on. A claim of success is not success.
     """
-    edits = [n for n, step in enumerate(state.steps) if succeeded(step, ("write", "patch"))]
+    edits = [
+        n for n, step in enumerate(state.steps) if succeeded(step, ("write", "patch"))
+    ]
     if not edits:
-        return False, "no file was edited; DONE needs an edit followed by a passing test run"
-    runs = [step.observation for step in state.steps[edits[-1] + 1 :]
-            if step.action.get("tool") == "run" and step.observation
-            and step.observation.get("kind") == "run"]
+        return (
+            False,
+            "no file was edited; DONE needs an edit followed by a passing test run",
+        )
+    runs = [
+        step.observation
+        for step in state.steps[edits[-1] + 1 :]
+        if step.action.get("tool") == "run"
+        and step.observation
+        and step.observation.get("kind") == "run"
+    ]
     if not runs:
         return False, "no test run since the last edit; RUN the tests first"
     if not runs[-1].get("passed"):
-        return False, "the last test run did not pass; fix the failure and RUN the tests again"
+        return (
+            False,
+            "the last test run did not pass; fix the failure and RUN the tests again",
+        )
     return True, ""
 
 TEST_MODULES = ("test_*.py", "*_test.py")
@@ -44,33 +59,56 @@ TEST_DIRECTORIES = ("test", "tests")
 
 def decides_tests(path):
     """Whether the file at PATH (relative to the root, with /) decides what the tests check:
-    pytest's configuration, a conftest.py, a test module, or anything in a test directory."""
+    pytest's configuration, a conftest.py, a test module, or anything in a test directory.
+    """
     *directories, name = path.casefold().split("/")
-    return (name in TEST_CONFIGURATION or any(fnmatch.fnmatchcase(name, pattern) for pattern in TEST_MODULES)
-            or any(directory in TEST_DIRECTORIES for directory in directories))
+    return (
+        name in TEST_CONFIGURATION
+        or any(fnmatch.fnmatchcase(name, pattern) for pattern in TEST_MODULES)
+        or any(directory in TEST_DIRECTORIES for directory in directories)
+    )
 
 def test_module(path):
     """Whether PATH, one of the files that decide the tests, is a module of tests."""
     name = path.rsplit("/", 1)[-1].casefold()
     return name.endswith(".py") and name not in ("conftest.py", "__init__.py")
 
-UNCOLLECTED = ("*.egg", ".*", "_darcs", "build", "CVS", "dist", "node_modules", "venv", "{arch}", "__pycache__")
+UNCOLLECTED = (
+    "*.egg",
+    ".*",
+    "_darcs",
+    "build",
+    "CVS",
+    "dist",
+    "node_modules",
+    "venv",
+    "{arch}",
+    "__pycache__",
+)
 
 
 def collected_directory(parent, name):
     """Whether pytest looks into the directory NAME in PARENT by default; secret directories aside."""
     path = os.path.join(parent, name)
-    return not (any(fnmatch.fnmatchcase(name, pattern) for pattern in UNCOLLECTED) or is_secret_name(name)
-                or os.path.islink(path) or os.path.isfile(os.path.join(path, "pyvenv.cfg"))
-                or os.path.isfile(os.path.join(path, "conda-meta", "history")))
+    return not (
+        any(fnmatch.fnmatchcase(name, pattern) for pattern in UNCOLLECTED)
+        or is_secret_name(name)
+        or os.path.islink(path)
+        or os.path.isfile(os.path.join(path, "pyvenv.cfg"))
+        or os.path.isfile(os.path.join(path, "conda-meta", "history"))
+    )
 
 def test_files(root):
     """The paths, relative to ROOT and sorted, of the files that decide the tests, where pytest looks."""
     found = []
     for directory, subdirectories, files in os.walk(root):
-        subdirectories[:] = [name for name in subdirectories if collected_directory(directory, name)]
+        subdirectories[:] = [
+            name for name in subdirectories if collected_directory(directory, name)
+        ]
         for name in files:
-            path = os.path.relpath(os.path.join(directory, name), root).replace(os.sep, "/")
+            path = os.path.relpath(os.path.join(directory, name), root).replace(
+                os.sep, "/"
+            )
             if decides_tests(path) and not is_secret_name(name):
                 found.append(path)
     return sorted(found)
@@ -114,7 +152,9 @@ def file_state(root, path):
             size += len(chunk)
             if size <= KEPT_TEXT_BYTES:
                 parts.append(chunk)
-    return {"sha256": digest.hexdigest()}, b"".join(parts) if size <= KEPT_TEXT_BYTES else None
+    return {"sha256": digest.hexdigest()}, (
+        b"".join(parts) if size <= KEPT_TEXT_BYTES else None
+    )
 
 def writable_as_text(*texts):
     """Whether every one of TEXTS can be written as UTF-8: a name read from a file system may hold
@@ -128,7 +168,8 @@ def writable_as_text(*texts):
 
 def snapshot_tests(root):
     """The files under ROOT that decide the tests, as the start event records them:
-    {path: entry}, with each file's "text" while the text kept stays within KEPT_TEXT_BYTES."""
+    {path: entry}, with each file's "text" while the text kept stays within KEPT_TEXT_BYTES.
+    """
     snapshot, kept = {}, 0
     for path in test_files(root):
         entry, data = file_state(root, path)
@@ -150,7 +191,9 @@ def changed_files(state, root):
     for path in sorted(set(start) | set(test_files(root))):
         now, data = file_state(root, path)
         before = start.get(path)
-        kept = before and {name: value for name, value in before.items() if name != "text"}
+        kept = before and {
+            name: value for name, value in before.items() if name != "text"
+        }
         if kept != now:
             changed.append((path, before, now, data))
     return changed
@@ -169,9 +212,16 @@ def partial_run(step):
     """Why the test run of STEP is not evidence that the whole suite passed, or ""."""
     command = step.action["command"]
     _, argv, paths = parse_command(command)
-    words = next(argv[len(prefix):] for prefix in PYTEST_PREFIXES if argv[:len(prefix)] == prefix)
-    if ({word.partition("=")[0] for word in words} & set(SELECTING_OPTIONS) or "::" in command
-            or any(os.path.normpath(path) != "." for path in paths)):
+    words = next(
+        argv[len(prefix) :]
+        for prefix in PYTEST_PREFIXES
+        if argv[: len(prefix)] == prefix
+    )
+    if (
+        {word.partition("=")[0] for word in words} & set(SELECTING_OPTIONS)
+        or "::" in command
+        or any(os.path.normpath(path) != "." for path in paths)
+    ):
         return f"its last test run chose a part of the tests ({command})"
     if not PASSED_SUMMARY.search(summary(step.observation["text"])):
         return f"its last test run ended without pytest's summary of what passed ({command})"
@@ -183,14 +233,27 @@ def printable_name(name):
 
 def touches(state, changed):
     """What the run did to what decides the tests, as phrases; empty when it did nothing."""
-    words = [f"{'created' if before is None else 'deleted' if now is None else 'changed'} {printable_name(path)}"
-             for path, before, now, _ in changed]
+    words = [
+        f"{'created' if before is None else 'deleted' if now is None else 'changed'} {printable_name(path)}"
+        for path, before, now, _ in changed
+    ]
     paths = {path for path, _, _, _ in changed}
-    written = sorted({os.path.normpath(step.action["path"]).replace(os.sep, "/") for step in state.steps
-                      if succeeded(step, ("write", "patch"))} - paths)
+    written = sorted(
+        {
+            os.path.normpath(step.action["path"]).replace(os.sep, "/")
+            for step in state.steps
+            if succeeded(step, ("write", "patch"))
+        }
+        - paths
+    )
     words += [f"wrote {path}" for path in written if decides_tests(path)]
-    runs = [step for step in state.steps if step.action.get("tool") == "run" and step.observation
-            and step.observation.get("kind") == "run"]
+    runs = [
+        step
+        for step in state.steps
+        if step.action.get("tool") == "run"
+        and step.observation
+        and step.observation.get("kind") == "run"
+    ]
     why = partial_run(runs[-1]) if runs else ""
     return words + [why] if why else words
 
@@ -208,7 +271,10 @@ def shown_lines(entry, data):
     text = entry.get("text") if data is None else data.decode("utf-8", "replace")
     if text is None:
         return ["(not shown: not text, or more than the 4 MiB kept)\n"]
-    return [line if line.endswith("\n") else line + "\n" for line in text.splitlines(keepends=True)]
+    return [
+        line if line.endswith("\n") else line + "\n"
+        for line in text.splitlines(keepends=True)
+    ]
 
 def tests_diff(changed, project):
     """The files in CHANGED as one unified diff from the start to now, hidden files named only, cut."""
@@ -216,13 +282,26 @@ def tests_diff(changed, project):
     for path, before, now, data in changed:
         shown = printable_name(path)
         if hidden.match_file(path):
-            parts.append(f"{shown}: differs (excluded by .mlplcodeignore, so not shown)\n")
+            parts.append(
+                f"{shown}: differs (excluded by .mlplcodeignore, so not shown)\n"
+            )
             continue
-        names = (f"{shown} (at the start)" if before else "/dev/null", f"{shown} (now)" if now else "/dev/null")
-        parts += difflib.unified_diff(shown_lines(before, None), shown_lines(now, data), *names)
-    text = redact("".join(parts), project.secret_values) or "(no file that decides the tests differs)\n"
+        names = (
+            f"{shown} (at the start)" if before else "/dev/null",
+            f"{shown} (now)" if now else "/dev/null",
+        )
+        parts += difflib.unified_diff(
+            shown_lines(before, None), shown_lines(now, data), *names
+        )
+    text = (
+        redact("".join(parts), project.secret_values)
+        or "(no file that decides the tests differs)\n"
+    )
     if len(text) > DIFF_CAP_CHARS:
-        text = text[:DIFF_CAP_CHARS] + f"[... {len(text) - DIFF_CAP_CHARS} characters of the diff cut ...]\n"
+        text = (
+            text[:DIFF_CAP_CHARS]
+            + f"[... {len(text) - DIFF_CAP_CHARS} characters of the diff cut ...]\n"
+        )
     return text
 
 def test_changes(state, project, changed=None):
@@ -232,9 +311,14 @@ def test_changes(state, project, changed=None):
 
 def copied_link(source, target, path, link):
     """What a link at PATH (relative) in the copy TARGET holds, for a link LINK at PATH in SOURCE:
-    the same place in the copy when LINK leads into the project, LINK itself otherwise."""
+    the same place in the copy when LINK leads into the project, LINK itself otherwise.
+    """
     real = os.path.realpath(os.path.join(source, os.path.dirname(path), link))
-    return os.path.join(target, os.path.relpath(real, source)) if inside(real, source) else link
+    return (
+        os.path.join(target, os.path.relpath(real, source))
+        if inside(real, source)
+        else link
+    )
 
 LEFT_OUT = (".git", "__pycache__", ".pytest_cache")
 
@@ -258,7 +342,11 @@ def copy_project(source, target):
         subdirectories[:] = entered
         for name in files:
             if name not in LEFT_OUT:
-                copy_file(source, target, os.path.relpath(os.path.join(directory, name), source))
+                copy_file(
+                    source,
+                    target,
+                    os.path.relpath(os.path.join(directory, name), source),
+                )
 
 def copy_file(source, target, relative):
     """Copy one file from SOURCE to TARGET: a link as a link, a secret as an empty file,
@@ -287,7 +375,9 @@ def put_back(source, copy, path, entry):
     directory = copy
     for part in path.split("/")[:-1]:
         directory = os.path.join(directory, part)
-        if os.path.islink(directory) or (os.path.lexists(directory) and not os.path.isdir(directory)):
+        if os.path.islink(directory) or (
+            os.path.lexists(directory) and not os.path.isdir(directory)
+        ):
             remove(directory)
         if not os.path.lexists(directory):
             os.mkdir(directory)
@@ -303,27 +393,38 @@ def put_back(source, copy, path, entry):
 
 def lost_files(changed):
     """The files in CHANGED whose content at the start was not kept, so they cannot be put back."""
-    return [path for path, before, _, _ in changed if before and "text" not in before and "link" not in before]
+    return [
+        path
+        for path, before, _, _ in changed
+        if before and "text" not in before and "link" not in before
+    ]
 
 STARTING_COMMAND = "python -m pytest -q"
 
 
 def run_starting_tests(project, changed):
     """Run the tests as they were at the start against the code as it is now; give the observation."""
-    with tempfile.TemporaryDirectory(prefix="mlplcode-verify-", ignore_cleanup_errors=True) as scratch:
+    with tempfile.TemporaryDirectory(
+        prefix="mlplcode-verify-", ignore_cleanup_errors=True
+    ) as scratch:
         copy = os.path.join(scratch, os.path.basename(project.root))
         try:
             copy_project(project.root, copy)
             for path, before, _, _ in changed:
                 put_back(project.root, copy, path, before)
         except OSError as error:
-            return {"ok": False, "text": f"ERROR: the project could not be copied to run them ({error})"}
+            return {
+                "ok": False,
+                "text": f"ERROR: the project could not be copied to run them ({error})",
+            }
         copied = replace(open_project(copy), secret_values=project.secret_values)
         return execute({"tool": "run", "command": STARTING_COMMAND}, copied)
 
 def passed_as_they_were(result):
     """Whether the run of the starting tests passed, and said so in pytest's summary."""
-    return bool(result.get("passed")) and bool(PASSED_SUMMARY.search(summary(result["text"])))
+    return bool(result.get("passed")) and bool(
+        PASSED_SUMMARY.search(summary(result["text"]))
+    )
 
 FAILED_TEST = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 
@@ -340,8 +441,10 @@ def failures(result):
 
 def edited_code(state):
     """Whether the run wrote or patched a file that does not decide the tests."""
-    return any(succeeded(step, ("write", "patch")) and not decides_tests(step.action["path"])
-               for step in state.steps)
+    return any(
+        succeeded(step, ("write", "patch")) and not decides_tests(step.action["path"])
+        for step in state.steps
+    )
 
 def verify_tests(state, project):
     """(True, note, changes) when the tests as they were pass, or need no run; else (False, why, changes)."""
@@ -350,19 +453,35 @@ def verify_tests(state, project):
     if not changes["touched"]:
         return True, "", changes
     done = ", ".join(changes["touched"])
-    only_tests = (f"this run changed only what decides the tests ({done}), none of the code they test")
+    only_tests = f"this run changed only what decides the tests ({done}), none of the code they test"
     if not any(test_module(path) for path in state.start["tests"]):
         if not edited_code(state):
             return False, only_tests, changes
         return True, "; there were no tests before this run", changes
     lost = lost_files(changed)
     if lost:
-        return False, (f"the tests as they were before this run cannot be rebuilt ({', '.join(lost)}"
-                       f" changed, and was not kept at the start); this run {done}"), changes
+        return (
+            False,
+            (
+                f"the tests as they were before this run cannot be rebuilt ({', '.join(lost)}"
+                f" changed, and was not kept at the start); this run {done}"
+            ),
+            changes,
+        )
     result = run_starting_tests(project, changed)
     if not passed_as_they_were(result):
-        return False, f"the tests as they were before this run fail ({failures(result)}); this run {done}", changes
+        return (
+            False,
+            f"the tests as they were before this run fail ({failures(result)}); this run {done}",
+            changes,
+        )
     if not edited_code(state):
         return False, only_tests, changes
-    return True, (f"; this run {done}, and the tests as they were before it pass"
-                  f" ({summary(result['text'])})"), changes
+    return (
+        True,
+        (
+            f"; this run {done}, and the tests as they were before it pass"
+            f" ({summary(result['text'])})"
+        ),
+        changes,
+    )

@@ -1,4 +1,5 @@
 """What an approval is bound to besides the action's text: the state of its target."""
+
 import hashlib
 import os
 import shlex
@@ -13,13 +14,19 @@ def file_target(action: dict, project) -> dict:
     and the kind, size, link count and SHA-256 of what is there."""
     written = os.path.join(project.root, action["path"])
     real = os.path.realpath(written)
-    target = {"path": os.path.relpath(real, project.root), "link": os.path.islink(written)}
+    target = {
+        "path": os.path.relpath(real, project.root),
+        "link": os.path.islink(written),
+    }
     try:
         info = os.lstat(real)
     except OSError:
         return {**target, "exists": False}
-    target.update(kind=kind_of(info.st_mode) if not stat.S_ISREG(info.st_mode) else "file",
-                  size=info.st_size, links=info.st_nlink)
+    target.update(
+        kind=kind_of(info.st_mode) if not stat.S_ISREG(info.st_mode) else "file",
+        size=info.st_size,
+        links=info.st_nlink,
+    )
     if stat.S_ISREG(info.st_mode):
         target["sha256"] = content_hash(real)
     return target
@@ -31,8 +38,11 @@ def content_hash(path: str) -> str | None:
     try:
         directory = open_directory(os.path.dirname(path))
         try:
-            descriptor = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW
-                                 | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+            descriptor = os.open(
+                os.path.basename(path),
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                dir_fd=directory,
+            )
         finally:
             os.close(directory)
     except OSError:
@@ -42,4 +52,7 @@ def content_hash(path: str) -> str | None:
 
 def command_target(action: dict, project) -> dict:
     """ACTION's command as words, and whether it would run in the sandbox now."""
-    return {"argv": shlex.split(action["command"]), "sandboxed": find_program("bwrap", project.root) is not None}
+    return {
+        "argv": shlex.split(action["command"]),
+        "sandboxed": find_program("bwrap", project.root) is not None,
+    }

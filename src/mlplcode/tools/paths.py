@@ -1,4 +1,5 @@
 """Paths: which paths inside the root the tools may use, and the real path each one names."""
+
 import contextlib
 import os
 import re
@@ -11,43 +12,96 @@ from . import PathRefused
 SECRET_NAMES = (
     # Environment files, every naming: .env, .env.local, .envrc (direnv), .env_production,
     # .envs/ (cookiecutter), prod.env, and wrangler's .dev.vars.
-    ".env*", "*.env", ".dev.vars",
+    ".env*",
+    "*.env",
+    ".dev.vars",
     # SSH: private keys of every algorithm, renamed or hardware-backed (_sk), PuTTY's,
     # a server's host keys, and the directory that holds them.
-    "id_{rsa,dsa,ecdsa,ed25519,xmss}*", "*_{rsa,dsa,ecdsa,ed25519}", "*.ppk", "ssh_host_*", ".ssh",
+    "id_{rsa,dsa,ecdsa,ed25519,xmss}*",
+    "*_{rsa,dsa,ecdsa,ed25519}",
+    "*.ppk",
+    "ssh_host_*",
+    ".ssh",
     # Private keys and the containers that hold them: PEM, PKCS#8, PKCS#12, Java and Android
     # key stores, KeePass and Apple keychains; GnuPG's home.
-    "*.{pem,key,p8,pk8,pkcs8,p12,pfx,pkcs12,jks,keystore,bks,kdb,kdbx,keychain}", ".gnupg",
+    "*.{pem,key,p8,pk8,pkcs8,p12,pfx,pkcs12,jks,keystore,bks,kdb,kdbx,keychain}",
+    ".gnupg",
     # Cloud and registry credentials: AWS, Azure, gcloud and Firebase service accounts,
     # Google OAuth clients, Docker's old config, boto, s3cmd, Vault.
-    ".aws", ".azure", "credentials", "*credentials*.{json,toml,xml,db,yaml,yml,csv,ini,txt}",
-    "access_tokens.db", "*service?account*.json", "*adminsdk*.json", "client_secret*.json",
-    ".dockercfg", ".boto", ".s3cfg", ".vault-token",
+    ".aws",
+    ".azure",
+    "credentials",
+    "*credentials*.{json,toml,xml,db,yaml,yml,csv,ini,txt}",
+    "access_tokens.db",
+    "*service?account*.json",
+    "*adminsdk*.json",
+    "client_secret*.json",
+    ".dockercfg",
+    ".boto",
+    ".s3cfg",
+    ".vault-token",
     # Package managers' and git's tokens: npm, Yarn, PyPI, pip, Composer, netrc, git's store.
-    ".npmrc", ".yarnrc*", ".pypirc", "pip.{conf,ini}", "auth.json", ".netrc", "_netrc",
+    ".npmrc",
+    ".yarnrc*",
+    ".pypirc",
+    "pip.{conf,ini}",
+    "auth.json",
+    ".netrc",
+    "_netrc",
     ".git-credentials",
     # Databases' password files.
-    ".pgpass", ".my.cnf", ".mylogin.cnf",
+    ".pgpass",
+    ".my.cnf",
+    ".mylogin.cnf",
     # Kubernetes and Terraform: kubeconfigs, variable files, state (which keeps every secret
     # it was given, in plain text), and the CLI's token files.
-    "kubeconfig*", "*.kubeconfig", "*.tfvars", "*.tfvars.json", "*.tfstate", "*.tfstate.*",
-    ".terraformrc", "terraform.rc", "credentials.tfrc.json",
+    "kubeconfig*",
+    "*.kubeconfig",
+    "*.tfvars",
+    "*.tfvars.json",
+    "*.tfstate",
+    "*.tfstate.*",
+    ".terraformrc",
+    "terraform.rc",
+    "credentials.tfrc.json",
     # Web servers' password files, VPN profiles with their keys, Azure Functions' local secrets.
-    ".htpasswd", ".htdigest", "*.ovpn", "local.settings.json",
+    ".htpasswd",
+    ".htdigest",
+    "*.ovpn",
+    "local.settings.json",
     # Files named for what they hold, in a data format (secrets.py is a module, not a secret).
     "{secret,secrets,password,passwords}.{json,toml,xml,yaml,yml,ini,txt,csv,properties}",
 )
 SECRET_PATHS = (
-    ".docker/config.json", ".kube/config", ".config/gcloud", "gh/hosts.yml", ".m2/settings*.xml",
-    ".gradle/gradle.properties", ".bundle/config", ".cargo/credentials*",
+    ".docker/config.json",
+    ".kube/config",
+    ".config/gcloud",
+    "gh/hosts.yml",
+    ".m2/settings*.xml",
+    ".gradle/gradle.properties",
+    ".bundle/config",
+    ".cargo/credentials*",
 )
 
 def glob_pattern(glob: str) -> str:
     """The regular expression of a glob: * any run, ? any one character, {a,b} either."""
     parts = re.split(r"(\*|\?|\{[^{}]*\})", glob)
-    return "".join(".*" if part == "*" else "." if part == "?"
-                   else "(?:" + "|".join(map(re.escape, part[1:-1].split(","))) + ")" if part.startswith("{")
-                   else re.escape(part) for part in parts)
+    return "".join(
+        (
+            ".*"
+            if part == "*"
+            else (
+                "."
+                if part == "?"
+                else (
+                    "(?:" + "|".join(map(re.escape, part[1:-1].split(","))) + ")"
+                    if part.startswith("{")
+                    else re.escape(part)
+                )
+            )
+        )
+        for part in parts
+    )
 
 
 def any_of(globs) -> re.Pattern:
@@ -55,7 +109,9 @@ def any_of(globs) -> re.Pattern:
 
 
 SECRET_NAME = any_of(SECRET_NAMES)
-SECRET_PATH_PARTS = tuple(tuple(any_of([glob]) for glob in path.split("/")) for path in SECRET_PATHS)
+SECRET_PATH_PARTS = tuple(
+    tuple(any_of([glob]) for glob in path.split("/")) for path in SECRET_PATHS
+)
 SECRET_PATH_END = any_of(path.split("/")[-1] for path in SECRET_PATHS)
 # Every secret name and path as a ripgrep glob, for SEARCH's excluding globs.
 SECRET_NAME_PATTERNS = SECRET_NAMES + tuple(f"**/{path}" for path in SECRET_PATHS)
@@ -82,8 +138,10 @@ def secret_at(parts: list[str], index: int) -> str | None:
         return None
     for globs in SECRET_PATH_PARTS:
         start = index + 1 - len(globs)
-        if start >= 0 and all(glob.match(folded(part)) for glob, part in zip(globs, parts[start:])):
-            return "/".join(parts[start:index + 1])
+        if start >= 0 and all(
+            glob.match(folded(part)) for glob, part in zip(globs, parts[start:])
+        ):
+            return "/".join(parts[start : index + 1])
     return None
 
 def load_ignore_rules(root: str, name: str) -> pathspec.PathSpec:
@@ -98,7 +156,9 @@ def load_ignore_rules(root: str, name: str) -> pathspec.PathSpec:
     except FileNotFoundError:
         return pathspec.GitIgnoreSpec.from_lines([])
     except ValueError as problem:  # UnicodeDecodeError is a ValueError too
-        raise PathRefused(f"{name}: cannot be parsed ({problem}); fix or delete it") from None
+        raise PathRefused(
+            f"{name}: cannot be parsed ({problem}); fix or delete it"
+        ) from None
 
 def ignore_rules(project, name: str) -> pathspec.PathSpec:
     """The rules of the rules file NAME in PROJECT; refuses a file that could not be parsed."""
@@ -118,7 +178,9 @@ def denial_reason(relative: str, mlplcodeignore: pathspec.PathSpec) -> str | Non
             return ".git is protected; use RUN git status or git diff to look at the repository"
         secret = secret_at(parts, index)
         if secret:
-            return f"{secret} may hold secrets, so tools never touch it; work without it"
+            return (
+                f"{secret} may hold secrets, so tools never touch it; work without it"
+            )
     if mlplcodeignore.match_file(relative):
         return "excluded by .mlplcodeignore; work without it"
     return None
@@ -152,11 +214,15 @@ def resolve_path(project, path: str) -> str:
     """
     problem = spelling_problem(path)
     if problem:
-        raise PathRefused(f"{visible(path[:PATH_MAX_CHARS])!r}: {problem};"
-                          " give a path relative to the project root")
+        raise PathRefused(
+            f"{visible(path[:PATH_MAX_CHARS])!r}: {problem};"
+            " give a path relative to the project root"
+        )
     target = os.path.realpath(os.path.join(project.root, path))
     if os.path.commonpath([project.root, target]) != project.root:
-        raise PathRefused(f"{path}: leaves the project root; use a path inside the project")
+        raise PathRefused(
+            f"{path}: leaves the project root; use a path inside the project"
+        )
     mlplcodeignore = ignore_rules(project, ".mlplcodeignore")
     written = os.path.normpath(path).replace(os.sep, "/")
     relative = os.path.relpath(target, project.root).replace(os.sep, "/")
@@ -165,7 +231,9 @@ def resolve_path(project, path: str) -> str:
         if reason:
             raise PathRefused(f"{path}: {reason}")
     if target in project.secret_files:
-        raise PathRefused(f"{path}: holds a private key, so tools never touch it; work without it")
+        raise PathRefused(
+            f"{path}: holds a private key, so tools never touch it; work without it"
+        )
     return target
 
 DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -1,4 +1,5 @@
 """The project: the facts about the root that every tool needs, found once per run."""
+
 import os
 import re
 import stat
@@ -8,8 +9,14 @@ from dataclasses import dataclass, replace
 
 import pathspec
 
-from ..trust import (PRIVATE_KEY, child_environment, environment_secrets, find_program, find_python,
-                     secret_forms)
+from ..trust import (
+    PRIVATE_KEY,
+    child_environment,
+    environment_secrets,
+    find_program,
+    find_python,
+    secret_forms,
+)
 from . import PathRefused
 from .paths import load_ignore_rules, secret_at
 from .read import READ_CAP_BYTES, decode_text, read_if_text
@@ -17,7 +24,10 @@ from .read import READ_CAP_BYTES, decode_text, read_if_text
 @dataclass(frozen=True)
 class History:
     """What git would show of the secret files' past: their values, and when they were read."""
-    stamp: tuple | None  # the repository's references and index then; None without a repository
+
+    stamp: (
+        tuple | None
+    )  # the repository's references and index then; None without a repository
     values: frozenset
     complete: bool  # False when reading stopped at its deadline
 
@@ -25,6 +35,7 @@ class History:
 @dataclass(frozen=True)
 class Project:
     """The root and what the tools need to know about it: rules, secrets, trusted programs."""
+
     root: str
     ignore: dict
     broken: dict
@@ -81,7 +92,9 @@ def is_key_file(path: str) -> bool:
         info = os.lstat(path)
         if not stat.S_ISREG(info.st_mode) or info.st_size > KEY_FILE_BYTES:
             return False
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        descriptor = os.open(
+            path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        )
         with os.fdopen(descriptor, "rb") as file:
             return starts_with_key(file.read(KEY_START_BYTES))
     except OSError:
@@ -120,7 +133,8 @@ INNER_SEPARATOR = re.compile(r"[=:][^=]")
 def worth_finding(value: str) -> bool:
     """Whether VALUE, held in a secret file, is worth looking for: long, and not an ordinary word."""
     return len(value) >= SHORTEST_PLANTED_SECRET and not (
-        len(value) < LONGEST_ORDINARY and ORDINARY.fullmatch(value))
+        len(value) < LONGEST_ORDINARY and ORDINARY.fullmatch(value)
+    )
 
 
 PEM_BOUNDARY = re.compile(r"----[- ]?(BEGIN|END) ([A-Z0-9 ]+?) ?-{4,5}")
@@ -164,18 +178,35 @@ def planted_secrets(paths) -> set:
     return values
 
 HISTORY_SECONDS = 10
-GIT_HARDENING = ("--no-pager", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
-                 "-c", "protocol.allow=never", "-c", "log.showSignature=false",
-                 "-c", "core.untrackedCache=false")
+GIT_HARDENING = (
+    "--no-pager",
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "protocol.allow=never",
+    "-c",
+    "log.showSignature=false",
+    "-c",
+    "core.untrackedCache=false",
+)
 
 
-def git_output(git: str, root: str, arguments: list, data: bytes = b"",
-               seconds: float = 5) -> tuple[bytes, bool]:
+def git_output(
+    git: str, root: str, arguments: list, data: bytes = b"", seconds: float = 5
+) -> tuple[bytes, bool]:
     """What git ARGUMENTS prints in ROOT, and whether it finished; b"" if it failed."""
     environment = {**child_environment(root, root), "GIT_NO_LAZY_FETCH": "1"}
     try:
-        done = subprocess.run([git, *GIT_HARDENING, *arguments], cwd=root, env=environment,
-                              input=data, capture_output=True, timeout=seconds)
+        done = subprocess.run(
+            [git, *GIT_HARDENING, *arguments],
+            cwd=root,
+            env=environment,
+            input=data,
+            capture_output=True,
+            timeout=seconds,
+        )
     except subprocess.TimeoutExpired as cut:
         return cut.stdout or b"", False
     except OSError:
@@ -188,7 +219,12 @@ def history_stamp(git: str, root: str) -> tuple | None:
     if not index:
         return None
     references, _ = git_output(git, root, ["show-ref", "--head"], seconds=5)
-    return (references, file_stamp(os.path.join(root, index.decode("utf-8", "surrogateescape").strip())))
+    return (
+        references,
+        file_stamp(
+            os.path.join(root, index.decode("utf-8", "surrogateescape").strip())
+        ),
+    )
 
 def raw_paths(output: bytes) -> list[tuple[str, list[str]]]:
     """(path, blob hashes, the newer first) for each entry of `git log --raw -z` output; a cut
@@ -196,7 +232,9 @@ def raw_paths(output: bytes) -> list[tuple[str, list[str]]]:
     fields, entries = output.split(b"\0"), []
     for header, path in zip(fields, fields[1:]):
         if header.startswith(b":") and header.count(b" ") == 4:
-            blobs = [word.decode() for word in header.split(b" ")[3:1:-1] if word.strip(b"0")]
+            blobs = [
+                word.decode() for word in header.split(b" ")[3:1:-1] if word.strip(b"0")
+            ]
             entries.append((path.decode("utf-8", "surrogateescape"), blobs))
     return entries
 
@@ -207,7 +245,12 @@ def index_paths(output: bytes) -> list[tuple[str, list[str]]]:
     for entry in output.split(b"\0"):
         info, tab, path = entry.partition(b"\t")
         if tab and len(info.split(b" ")) == 3:
-            entries.append((path.decode("utf-8", "surrogateescape"), [info.split(b" ")[1].decode()]))
+            entries.append(
+                (
+                    path.decode("utf-8", "surrogateescape"),
+                    [info.split(b" ")[1].decode()],
+                )
+            )
     return entries
 
 def path_cap(path: str) -> int:
@@ -223,7 +266,9 @@ def candidate_blobs(entries) -> dict:
     """The blobs of ENTRIES worth reading, newest first, each with how many bytes of it are."""
     caps, judged = {}, {}
     for path, blobs in entries:
-        cap = judged[path] if path in judged else judged.setdefault(path, path_cap(path))
+        cap = (
+            judged[path] if path in judged else judged.setdefault(path, path_cap(path))
+        )
         for blob in blobs:
             if cap > caps.get(blob, 0):
                 caps[blob] = cap
@@ -231,23 +276,37 @@ def candidate_blobs(entries) -> dict:
 
 def blob_texts(git: str, root: str, caps: dict, seconds: float) -> tuple[dict, bool]:
     """The text of each blob of CAPS no larger than its cap, by hash; and whether all was read."""
-    listing, listed = git_output(git, root, ["cat-file", "--batch-check"],
-                                 "".join(f"{blob}\n" for blob in caps).encode(), seconds)
+    listing, listed = git_output(
+        git,
+        root,
+        ["cat-file", "--batch-check"],
+        "".join(f"{blob}\n" for blob in caps).encode(),
+        seconds,
+    )
     wanted, left = [], SECRET_TEXT_BYTES
     for fields in map(bytes.split, listing.splitlines()):
-        if len(fields) == 3 and fields[1] == b"blob" and int(fields[2]) <= caps[fields[0].decode()]:
+        if (
+            len(fields) == 3
+            and fields[1] == b"blob"
+            and int(fields[2]) <= caps[fields[0].decode()]
+        ):
             if int(fields[2]) > left:
                 listed = False
                 break
             wanted.append(fields[0].decode())
             left -= int(fields[2])
-    contents, read = git_output(git, root, ["cat-file", "--batch"],
-                                "".join(f"{blob}\n" for blob in wanted).encode(), seconds)
+    contents, read = git_output(
+        git,
+        root,
+        ["cat-file", "--batch"],
+        "".join(f"{blob}\n" for blob in wanted).encode(),
+        seconds,
+    )
     texts, at = {}, 0
     while (header_end := contents.find(b"\n", at)) >= 0:
         header = contents[at:header_end].split()
         size = int(header[2]) if len(header) == 3 else -1
-        data = contents[header_end + 1:header_end + 1 + size]
+        data = contents[header_end + 1 : header_end + 1 + size]
         if len(data) == size:
             texts[header[0].decode()] = decode_text(data)
         at = header_end + 1 + (size + 1 if size >= 0 else 0)
@@ -262,30 +321,64 @@ def read_history(git: str | None, root: str) -> History:
     if stamp is None:
         return NO_HISTORY
     deadline = time.monotonic() + HISTORY_SECONDS
-    log, logged = git_output(git, root, ["log", "--all", "--reflog", "--format=", "--raw", "-z",
-                                         "--no-abbrev", "--no-renames", "--diff-merges=first-parent",
-                                         "--no-ext-diff", "--no-textconv", "--no-show-signature"],
-                             seconds=HISTORY_SECONDS)
+    log, logged = git_output(
+        git,
+        root,
+        [
+            "log",
+            "--all",
+            "--reflog",
+            "--format=",
+            "--raw",
+            "-z",
+            "--no-abbrev",
+            "--no-renames",
+            "--diff-merges=first-parent",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--no-show-signature",
+        ],
+        seconds=HISTORY_SECONDS,
+    )
     index, _ = git_output(git, root, ["ls-files", "--stage", "-z"], seconds=5)
     caps = candidate_blobs(index_paths(index) + raw_paths(log))
     texts, read = blob_texts(git, root, caps, max(1.0, deadline - time.monotonic()))
-    values = {value for blob, text in texts.items() if text is not None
-              and (caps[blob] == READ_CAP_BYTES or starts_with_key(text.encode()))
-              for value in values_in(text)}
+    values = {
+        value
+        for blob, text in texts.items()
+        if text is not None
+        and (caps[blob] == READ_CAP_BYTES or starts_with_key(text.encode()))
+        for value in values_in(text)
+    }
     return History(stamp=stamp, values=frozenset(values), complete=logged and read)
 
 def open_project(root: str, previous: Project | None = None) -> Project:
     """The project at ROOT as the tools see it: real root, rules, secrets and trusted programs."""
     real_root = os.path.realpath(root)
-    programs = {**{name: find_program(name, real_root) for name in TRUSTED_PROGRAMS},
-                "python": find_python(real_root)}
+    programs = {
+        **{name: find_program(name, real_root) for name in TRUSTED_PROGRAMS},
+        "python": find_python(real_root),
+    }
     secret_files = find_secret_files(real_root)
-    history = (previous.history if previous is not None and previous.history.stamp is not None
-               and programs["git"] and history_stamp(programs["git"], real_root) == previous.history.stamp
-               else read_history(programs["git"], real_root))
-    values = frozenset(environment_secrets() | planted_secrets(secret_files) | history.values)
-    return Project(root=real_root, **read_rules(real_root), secret_files=secret_files,
-                   secret_values=secret_forms(values), history=history, programs=programs)
+    history = (
+        previous.history
+        if previous is not None
+        and previous.history.stamp is not None
+        and programs["git"]
+        and history_stamp(programs["git"], real_root) == previous.history.stamp
+        else read_history(programs["git"], real_root)
+    )
+    values = frozenset(
+        environment_secrets() | planted_secrets(secret_files) | history.values
+    )
+    return Project(
+        root=real_root,
+        **read_rules(real_root),
+        secret_files=secret_files,
+        secret_values=secret_forms(values),
+        history=history,
+        programs=programs
+    )
 
 def current(project: Project) -> Project:
     """PROJECT, with its rules read again if a rules file changed since they were read."""
@@ -296,4 +389,8 @@ def current(project: Project) -> Project:
 
 def after_action(project: Project, action: dict) -> Project:
     """PROJECT as it is after ACTION was carried out: opened again after a RUN."""
-    return open_project(project.root, project) if action.get("tool") == "run" else current(project)
+    return (
+        open_project(project.root, project)
+        if action.get("tool") == "run"
+        else current(project)
+    )

@@ -1,4 +1,5 @@
 """Reading: text files of modest size, opened without following a link."""
+
 import os
 import stat
 
@@ -28,8 +29,12 @@ def decode_text(data: bytes) -> str | None:
 
 def kind_of(mode: int) -> str:
     """Name the kind of a file that is not a regular file, for a refusal."""
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink"),
-                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "a device"
@@ -39,11 +44,15 @@ def check_regular(info: os.stat_result, shown: str) -> None:
     """Refuse all but a regular file with one name: a FIFO blocks, a device never ends, and a
     second hard link may be a name for a file outside the project."""
     if not stat.S_ISREG(info.st_mode):
-        raise PathRefused(f"{shown}: is {kind_of(info.st_mode)}, not a regular file;"
-                          " the tools take text files")
+        raise PathRefused(
+            f"{shown}: is {kind_of(info.st_mode)}, not a regular file;"
+            " the tools take text files"
+        )
     if info.st_nlink > 1:
-        raise PathRefused(f"{shown}: has {info.st_nlink} hard links, and another name may lie"
-                          " outside the project; the tools refuse it")
+        raise PathRefused(
+            f"{shown}: has {info.st_nlink} hard links, and another name may lie"
+            " outside the project; the tools refuse it"
+        )
 
 def read_bytes(path: str, shown: str) -> bytes:
     """Read a resolved file whole, after checking that it is a regular file of modest size.
@@ -56,7 +65,9 @@ def read_bytes(path: str, shown: str) -> bytes:
     changed = PathRefused(f"{shown}: changed while it was being opened; try again")
     try:
         directory = open_directory(os.path.dirname(path))
-    except OSError:  # a directory on the way is missing, or is now a link: it was judged real
+    except (
+        OSError
+    ):  # a directory on the way is missing, or is now a link: it was judged real
         moved = os.path.realpath(os.path.dirname(path)) != os.path.dirname(path)
         raise (changed if moved else missing) from None
     try:
@@ -67,11 +78,16 @@ def read_bytes(path: str, shown: str) -> bytes:
             raise missing from None
         check_regular(info, shown)
         if info.st_size > READ_CAP_BYTES:
-            raise PathRefused(f"{shown}: {info.st_size} bytes is over the read cap of"
-                              f" {READ_CAP_BYTES} bytes; use SEARCH to find the lines you need")
+            raise PathRefused(
+                f"{shown}: {info.st_size} bytes is over the read cap of"
+                f" {READ_CAP_BYTES} bytes; use SEARCH to find the lines you need"
+            )
         try:
-            descriptor = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                                 dir_fd=directory)
+            descriptor = os.open(
+                name,
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                dir_fd=directory,
+            )
         except OSError:
             raise changed from None
     finally:
@@ -91,7 +107,9 @@ def read_text(path: str, shown: str) -> str:
     and binary files, each with a hint of what to do instead."""
     text = decode_text(read_bytes(path, shown))
     if text is None:
-        raise PathRefused(f"{shown}: binary or not UTF-8; READ and PATCH take text files only")
+        raise PathRefused(
+            f"{shown}: binary or not UTF-8; READ and PATCH take text files only"
+        )
     return text
 
 def read_file(action: dict, project) -> dict:

@@ -1,4 +1,5 @@
 """Running programs: pytest or git, without a shell, bounded in time and output."""
+
 import contextlib
 import os
 import re
@@ -13,21 +14,36 @@ import time
 from dataclasses import dataclass
 
 from ..commands import CommandRefused, parse_command, program_argv
-from ..trust import child_environment, inside, interpreter_directories, limit_resources, sandbox_argv
+from ..trust import (
+    child_environment,
+    inside,
+    interpreter_directories,
+    limit_resources,
+    sandbox_argv,
+)
 from . import failure, observation
 from .paths import ignore_rules, open_directory, resolve_path
 from .write import AGENT_FILES, GIT_DIRECTORY_NAMES, GIT_FILES
 
 # Repository settings that make git status or diff run a program or read another repository.
-RISKY_GIT_SETTINGS = re.compile(r"filter\.|include\.|includeif\.|core\.worktree|core\.fsmonitor"
-                                r"|diff\.external|diff\..*\.(command|textconv)|core\.pager")
+RISKY_GIT_SETTINGS = re.compile(
+    r"filter\.|include\.|includeif\.|core\.worktree|core\.fsmonitor"
+    r"|diff\.external|diff\..*\.(command|textconv)|core\.pager"
+)
 
 
 def risky_git_settings(git: str, root: str, environment: dict) -> list[str]:
     """The settings of the repository at root that git status or diff could act on."""
-    listed = subprocess.run([git, "config", "--local", "--name-only", "--list"], cwd=root,
-                            env=environment, stdin=subprocess.DEVNULL, capture_output=True,
-                            text=True, errors="replace", timeout=10)
+    listed = subprocess.run(
+        [git, "config", "--local", "--name-only", "--list"],
+        cwd=root,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=10,
+    )
     return [name for name in listed.stdout.split() if RISKY_GIT_SETTINGS.match(name)]
 
 def repository_of(root: str) -> str:
@@ -43,8 +59,11 @@ def repository_of(root: str) -> str:
 
 def git_variables(top: str) -> dict:
     """The environment that points git at the repository of work tree TOP and no other."""
-    return {"GIT_DIR": os.path.join(top, ".git"), "GIT_WORK_TREE": top,
-            "GIT_CEILING_DIRECTORIES": os.path.dirname(top)}
+    return {
+        "GIT_DIR": os.path.join(top, ".git"),
+        "GIT_WORK_TREE": top,
+        "GIT_CEILING_DIRECTORIES": os.path.dirname(top),
+    }
 
 def repository_directories(top: str) -> list[str]:
     """What git reads of the repository of work tree TOP: its .git and, when .git is a file
@@ -55,11 +74,15 @@ def repository_directories(top: str) -> list[str]:
         with open(dot_git, encoding="utf-8", errors="replace") as file:
             first = file.readline()
         if first.startswith("gitdir: "):
-            found.append(os.path.realpath(os.path.join(top, first[len("gitdir: "):].strip())))
+            found.append(
+                os.path.realpath(os.path.join(top, first[len("gitdir: ") :].strip()))
+            )
             common = os.path.join(found[-1], "commondir")
             if os.path.isfile(common):
                 with open(common, encoding="utf-8", errors="replace") as file:
-                    found.append(os.path.realpath(os.path.join(found[-1], file.read().strip())))
+                    found.append(
+                        os.path.realpath(os.path.join(found[-1], file.read().strip()))
+                    )
     return [path for path in found if os.path.isdir(path) or path == dot_git]
 
 RUN_TIMEOUT_SECONDS = 120
@@ -139,8 +162,9 @@ def survey(root: str, rules, secret_files) -> tuple[list[str], dict]:
                 continue
             is_dir = entry.is_dir(follow_symlinks=False)
             relative = relative_dir + entry.name + ("/" if is_dir else "")
-            masks = not under_mask and (entry.path in secret
-                                        or bool(rules and rules.match_file(relative)))
+            masks = not under_mask and (
+                entry.path in secret or bool(rules and rules.match_file(relative))
+            )
             if masks:
                 masked.append(entry.path)
             if is_dir:
@@ -149,11 +173,15 @@ def survey(root: str, rules, secret_files) -> tuple[list[str], dict]:
                 hidden.add(entry.inode())
             else:
                 names.setdefault(entry.inode(), []).append(entry.path)
-    return masked + [path for inode in hidden for path in names.get(inode, [])], metadata
+    return (
+        masked + [path for inode in hidden for path in names.get(inode, [])],
+        metadata,
+    )
 
 def remove_planted(root: str, before: dict) -> list[str]:
     """Remove git's metadata that is new since BEFORE, or not the same file: a .git or git
-    file whole, the HEAD of a directory that became a repository. Gives what was removed."""
+    file whole, the HEAD of a directory that became a repository. Gives what was removed.
+    """
     removed = []
     for path, mark in sorted(survey(root, None, ())[1].items()):
         if before.get(path) == mark:
@@ -163,7 +191,9 @@ def remove_planted(root: str, before: dict) -> list[str]:
         directory = open_directory(os.path.dirname(path))
         try:
             name = os.path.basename(path)
-            if stat.S_ISDIR(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode):
+            if stat.S_ISDIR(
+                os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode
+            ):
                 shutil.rmtree(name, dir_fd=directory)
             else:
                 os.unlink(name, dir_fd=directory)
@@ -175,13 +205,16 @@ def remove_planted(root: str, before: dict) -> list[str]:
 def protected_paths(root: str, metadata: dict) -> list[str]:
     """What a sandboxed program may read but not change: the agent's own files, git's metadata."""
     paths = [os.path.join(root, name) for name in AGENT_FILES] + sorted(metadata)
-    return [path for path in paths if os.path.lexists(path) and not os.path.islink(path)]
+    return [
+        path for path in paths if os.path.lexists(path) and not os.path.islink(path)
+    ]
 
 KILLED_SECONDS = 5
 
 
-def run_process(argv: list[str], project, protected: list[str], masked: list[str],
-                variables: dict) -> tuple[int, Output] | None:
+def run_process(
+    argv: list[str], project, protected: list[str], masked: list[str], variables: dict
+) -> tuple[int, Output] | None:
     """Run argv in the root without a shell; give (exit code, output), or None on timeout.
 
     With bubblewrap, the program runs in its sandbox (chapter "Trust"), PROTECTED paths
@@ -189,16 +222,29 @@ def run_process(argv: list[str], project, protected: list[str], masked: list[str
     and VARIABLES, a fresh HOME, rlimits, /dev/null as stdin, and a new session whose
     whole process group is killed however run_process ends, an interrupt included.
     """
-    deadline, root, bwrap = time.monotonic() + RUN_TIMEOUT_SECONDS, project.root, project.programs["bwrap"]
+    deadline, root, bwrap = (
+        time.monotonic() + RUN_TIMEOUT_SECONDS,
+        project.root,
+        project.programs["bwrap"],
+    )
     with tempfile.TemporaryDirectory(prefix="mlplcode-run-") as scratch:
         home = "/tmp" if bwrap else scratch
         if bwrap:
             empty = os.path.join(scratch, "empty")
             open(empty, "w").close()
-            argv = sandbox_argv(bwrap, argv, root, interpreter_directories(), protected, masked, empty)
-        with subprocess.Popen(argv, cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, env={**child_environment(root, home), **variables},
-                              start_new_session=True, preexec_fn=limit_resources) as process:
+            argv = sandbox_argv(
+                bwrap, argv, root, interpreter_directories(), protected, masked, empty
+            )
+        with subprocess.Popen(
+            argv,
+            cwd=root,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**child_environment(root, home), **variables},
+            start_new_session=True,
+            preexec_fn=limit_resources,
+        ) as process:
             try:
                 output = drain(process, deadline)
             finally:
@@ -227,8 +273,10 @@ def steady_output(output: str, root: str) -> str:
 
 def show_output(output: Output, root: str) -> str:
     """The output as text for the model: head and tail made steady, and how many bytes were cut."""
-    head, tail = (steady_output(part.decode("utf-8", "replace"), root)
-                  for part in (output.head, output.tail))
+    head, tail = (
+        steady_output(part.decode("utf-8", "replace"), root)
+        for part in (output.head, output.tail)
+    )
     cut = output.total - len(output.head) - len(output.tail)
     return f"{head}\n[... {cut} bytes cut ...]\n{tail}" if cut else head + tail
 
@@ -250,35 +298,64 @@ def run_command(action: dict, project) -> dict:
     mode = "sandboxed" if sandboxed else "unsandboxed"
     variables, repository = {}, []
     if kind == "run" and not project.programs["python"]:
-        return failure(f"the Python that runs mlplcode ({sys.executable}) lies inside the project,"
-                       " where a write could change what it runs on this machine; install"
-                       " mlplcode outside the project (pipx, or a virtual environment elsewhere)")
+        return failure(
+            f"the Python that runs mlplcode ({sys.executable}) lies inside the project,"
+            " where a write could change what it runs on this machine; install"
+            " mlplcode outside the project (pipx, or a virtual environment elsewhere)"
+        )
     if kind == "git":
         if not project.programs["git"]:
-            return failure("git is not installed on this machine; RUN git status or diff is unavailable")
+            return failure(
+                "git is not installed on this machine; RUN git status or diff is unavailable"
+            )
         top = repository_of(root)
         variables = git_variables(top)
-        repository = [path for path in repository_directories(top) if not inside(path, root)]
-        risky = risky_git_settings(project.programs["git"], root,
-                                   {**child_environment(root, root), **variables})
+        repository = [
+            path for path in repository_directories(top) if not inside(path, root)
+        ]
+        risky = risky_git_settings(
+            project.programs["git"],
+            root,
+            {**child_environment(root, root), **variables},
+        )
         if risky:
-            return failure(f"the repository sets {', '.join(risky)}, which git status or diff"
-                           " could act on; RUN git is refused in this repository")
-    masked, metadata = survey(root, ignore_rules(project, ".mlplcodeignore"), project.secret_files)
+            return failure(
+                f"the repository sets {', '.join(risky)}, which git status or diff"
+                " could act on; RUN git is refused in this repository"
+            )
+    masked, metadata = survey(
+        root, ignore_rules(project, ".mlplcodeignore"), project.secret_files
+    )
     try:
-        result = run_process(program_argv(kind, argv, paths, project.programs), project,
-                             protected_paths(root, metadata) + repository, masked, variables)
+        result = run_process(
+            program_argv(kind, argv, paths, project.programs),
+            project,
+            protected_paths(root, metadata) + repository,
+            masked,
+            variables,
+        )
     finally:
         planted = remove_planted(root, metadata)
-    removed = [f"[removed what the run created that git would obey: {', '.join(planted)}]"] * bool(planted)
+    removed = [
+        f"[removed what the run created that git would obey: {', '.join(planted)}]"
+    ] * bool(planted)
     if result is None:
-        return failure("\n".join([f"timed out after {RUN_TIMEOUT_SECONDS:g} s and was killed ({mode});"
-                                  " run fewer tests (one file, -x) or fix what hangs", *removed]))
+        return failure(
+            "\n".join(
+                [
+                    f"timed out after {RUN_TIMEOUT_SECONDS:g} s and was killed ({mode});"
+                    " run fewer tests (one file, -x) or fix what hangs",
+                    *removed,
+                ]
+            )
+        )
     exit_code, output = result[0], show_output(result[1], root)
     fields = {"exit_code": exit_code, "kind": kind, "sandboxed": sandboxed}
     if kind == "run":
         fields["passed"] = pytest_passed(exit_code, output)
-    return observation("\n".join([f"exit code {exit_code} ({mode})", *removed, output]), **fields)
+    return observation(
+        "\n".join([f"exit code {exit_code} ({mode})", *removed, output]), **fields
+    )
 
 def check_run(action: dict, project) -> None:
     """Refuse, as RUN would, a path operand that names a path the tools may not use."""

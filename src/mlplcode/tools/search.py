@@ -1,4 +1,5 @@
 """Searching: a literal string in the project's text files, with ripgrep or in Python."""
+
 import contextlib
 import os
 import subprocess
@@ -32,8 +33,13 @@ class Match:
     line_number: int
     text: str
 
-def walk_searchable(directory: str, relative_dir: str, gitignore: pathspec.PathSpec,
-                    mlplcodeignore: pathspec.PathSpec, depth: int = 1) -> Iterator[str]:
+def walk_searchable(
+    directory: str,
+    relative_dir: str,
+    gitignore: pathspec.PathSpec,
+    mlplcodeignore: pathspec.PathSpec,
+    depth: int = 1,
+) -> Iterator[str]:
     """Yield the relative paths of the files SEARCH may look at, in path order.
 
     Entries are visited sorted by name, depth first: the order of `rg --sort
@@ -49,7 +55,9 @@ def walk_searchable(directory: str, relative_dir: str, gitignore: pathspec.PathS
         if denial_reason(relative, mlplcodeignore) or gitignore.match_file(relative):
             continue
         if is_dir and depth < SEARCH_MAX_DEPTH:
-            yield from walk_searchable(entry.path, relative, gitignore, mlplcodeignore, depth + 1)
+            yield from walk_searchable(
+                entry.path, relative, gitignore, mlplcodeignore, depth + 1
+            )
         elif entry.is_file(follow_symlinks=False):
             yield relative
 
@@ -64,7 +72,10 @@ def python_matches(project, query: str, deadline: float) -> Iterator[Match]:
 
     Raises SearchTimedOut when the deadline passes, checked before each file.
     """
-    gitignore, mlplcodeignore = project.ignore[".gitignore"], project.ignore[".mlplcodeignore"]
+    gitignore, mlplcodeignore = (
+        project.ignore[".gitignore"],
+        project.ignore[".mlplcodeignore"],
+    )
     for relative in walk_searchable(project.root, "", gitignore, mlplcodeignore):
         if time.monotonic() > deadline:
             raise SearchTimedOut
@@ -80,10 +91,29 @@ def ripgrep_command(project, query: str) -> list[str]:
     .git and secret names as excluding globs. --text and --encoding none make rg
     report every file raw, so the binary rule is applied after, by decode_text.
     """
-    command = [project.programs["rg"], "--fixed-strings", "--line-number", "--no-heading", "--color", "never",
-               "--null", "--text", "--encoding", "none", "--hidden", "--no-ignore",
-               "--no-config", "--sort", "path", "--max-depth", str(SEARCH_MAX_DEPTH),
-               "--max-filesize", str(READ_CAP_BYTES), "--iglob", "!.git"]
+    command = [
+        project.programs["rg"],
+        "--fixed-strings",
+        "--line-number",
+        "--no-heading",
+        "--color",
+        "never",
+        "--null",
+        "--text",
+        "--encoding",
+        "none",
+        "--hidden",
+        "--no-ignore",
+        "--no-config",
+        "--sort",
+        "path",
+        "--max-depth",
+        str(SEARCH_MAX_DEPTH),
+        "--max-filesize",
+        str(READ_CAP_BYTES),
+        "--iglob",
+        "!.git",
+    ]
     command += [f"--iglob=!{pattern}" for pattern in SECRET_NAME_PATTERNS]
     for name in (".gitignore", ".mlplcodeignore"):
         if os.path.isfile(os.path.join(project.root, name)):
@@ -104,8 +134,11 @@ def parse_ripgrep_line(raw: bytes) -> Match:
     """Split one line of `rg --null` output, `./path NUL number : text`, into a Match."""
     path, _, rest = raw.removesuffix(b"\n").partition(b"\0")
     number, _, text = rest.partition(b":")
-    return Match(os.fsdecode(path).removeprefix("./"), int(number),
-                 text.decode("utf-8", "replace"))
+    return Match(
+        os.fsdecode(path).removeprefix("./"),
+        int(number),
+        text.decode("utf-8", "replace"),
+    )
 
 def ripgrep_matches(project, query: str, deadline: float) -> Iterator[Match]:
     """Search with ripgrep, dropping the files that python_matches would skip as not text.
@@ -114,8 +147,13 @@ def ripgrep_matches(project, query: str, deadline: float) -> Iterator[Match]:
     and when the deadline passes, which raises SearchTimedOut.
     """
     root = project.root
-    with subprocess.Popen(ripgrep_command(project, query), cwd=root, stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as rg:
+    with subprocess.Popen(
+        ripgrep_command(project, query),
+        cwd=root,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    ) as rg:
         alarm = threading.Timer(max(0.0, deadline - time.monotonic()), rg.kill)
         alarm.start()
         try:
@@ -156,7 +194,11 @@ def first_files(matches: Iterator[Match]) -> tuple[list[Match], str, int]:
                 continue
             if match.path not in files:
                 if len(files) == SEARCH_MAX_FILES:
-                    return kept, f"more files match after the first {SEARCH_MAX_FILES}", len(unnamed)
+                    return (
+                        kept,
+                        f"more files match after the first {SEARCH_MAX_FILES}",
+                        len(unnamed),
+                    )
                 files.add(match.path)
             kept.append(match)
     except SearchTimedOut:
@@ -169,18 +211,28 @@ def format_matches(query: str, matches: list[Match], stopped: str, unnamed: int)
     Long lines are cut, and a final line says how much was left out, so the
     model knows its answer is partial and can narrow the query.
     """
-    left_out = (f"[{unnamed} matching file(s) left out: a name holds a newline or a character"
-                " READ refuses]") if unnamed else ""
+    left_out = (
+        (
+            f"[{unnamed} matching file(s) left out: a name holds a newline or a character"
+            " READ refuses]"
+        )
+        if unnamed
+        else ""
+    )
     if not matches and not stopped:
         return "\n".join(filter(None, [f"no matches for {query!r}", left_out]))
-    lines = [f"{match.path}:{match.line_number}: {match.text[:SEARCH_LINE_CHARS]}"
-             for match in matches[:SEARCH_MAX_MATCHES]]
+    lines = [
+        f"{match.path}:{match.line_number}: {match.text[:SEARCH_LINE_CHARS]}"
+        for match in matches[:SEARCH_MAX_MATCHES]
+    ]
     cut = matches[SEARCH_MAX_MATCHES:]
     if cut:
         files = len({match.path for match in cut})
         stopped = f"; {stopped}" if stopped else ""
-        lines.append(f"[... {len(cut)} more matches in {files} file(s) cut{stopped};"
-                     " narrow the query]")
+        lines.append(
+            f"[... {len(cut)} more matches in {files} file(s) cut{stopped};"
+            " narrow the query]"
+        )
     elif stopped:
         lines.append(f"[... {stopped}; narrow the query]")
     return "\n".join(filter(None, [*lines, left_out]))
@@ -192,10 +244,14 @@ def search_files(action: dict, project) -> dict:
     """
     query = action["query"]
     if not query or "\n" in query or "\0" in query:
-        return failure("the query must be non-empty text on one line;"
-                       " SEARCH matches within a line")
+        return failure(
+            "the query must be non-empty text on one line;"
+            " SEARCH matches within a line"
+        )
     for name in (".gitignore", ".mlplcodeignore"):
-        ignore_rules(project, name)  # for both backends, so a broken file is refused either way
+        ignore_rules(
+            project, name
+        )  # for both backends, so a broken file is refused either way
     deadline = time.monotonic() + SEARCH_SECONDS
     if project.programs["rg"]:
         found = ripgrep_matches(project, query, deadline)

@@ -1,4 +1,5 @@
 """Writing and patching: whole files replaced atomically, and one exact occurrence replaced."""
+
 import difflib
 import errno
 import os
@@ -20,18 +21,27 @@ def write_atomically(path: str, content: str, root: str, shown: str) -> None:
         directory = open_directory(os.path.dirname(path), make_below=root)
     except OSError as problem:
         if problem.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise PathRefused(f"{shown}: changed while it was being written; try again") from None
+            raise PathRefused(
+                f"{shown}: changed while it was being written; try again"
+            ) from None
         raise
     try:
-        name, temporary = os.path.basename(path), f".mlplcode-{secrets.token_hex(8)}.tmp"
+        name, temporary = (
+            os.path.basename(path),
+            f".mlplcode-{secrets.token_hex(8)}.tmp",
+        )
         try:
             info = os.stat(name, dir_fd=directory, follow_symlinks=False)
             check_regular(info, shown)
             mode = stat.S_IMODE(info.st_mode)
         except FileNotFoundError:
             mode = 0o644
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o600, dir_fd=directory)
+        descriptor = os.open(
+            temporary,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=directory,
+        )
         try:
             with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as file:
                 file.write(content)
@@ -57,8 +67,11 @@ def git_directory_made(root: str, relative: str) -> str | None:
     once RELATIVE is written, HEAD, objects and refs; None when there is none."""
     directory = root
     for part in relative.split("/"):
-        present = {name for name in GIT_DIRECTORY_NAMES
-                   if os.path.lexists(os.path.join(directory, name))}
+        present = {
+            name
+            for name in GIT_DIRECTORY_NAMES
+            if os.path.lexists(os.path.join(directory, name))
+        }
         if GIT_DIRECTORY_NAMES <= present | {part}:
             return os.path.relpath(directory, root)
         directory = os.path.join(directory, part)
@@ -76,22 +89,32 @@ def writable_path(project, shown: str) -> str:
     relative = os.path.relpath(path, project.root).replace(os.sep, "/")
     name = relative.rsplit("/", 1)[-1]
     if relative.split("/")[0].casefold() in AGENT_FILES:
-        raise PathRefused(f"{shown}: {relative.split('/')[0]} holds the agent's own rules;"
-                          " the agent may not change it")
+        raise PathRefused(
+            f"{shown}: {relative.split('/')[0]} holds the agent's own rules;"
+            " the agent may not change it"
+        )
     if name.casefold() in GIT_FILES:
-        raise PathRefused(f"{shown}: git obeys {name} (its filters and drivers run programs);"
-                          " the agent does not write git's metadata")
+        raise PathRefused(
+            f"{shown}: git obeys {name} (its filters and drivers run programs);"
+            " the agent does not write git's metadata"
+        )
     repository = git_directory_made(project.root, relative)
     if repository:
-        raise PathRefused(f"{shown}: {repository} would hold HEAD, objects and refs, which makes"
-                          " it a repository git obeys; the agent does not write git's metadata")
+        raise PathRefused(
+            f"{shown}: {repository} would hold HEAD, objects and refs, which makes"
+            " it a repository git obeys; the agent does not write git's metadata"
+        )
     if name != shown.rstrip("/").rsplit("/", 1)[-1]:
-        raise PathRefused(f"{shown}: leads to {relative}; write it by its own name, so the"
-                          " approval shows what it is")
+        raise PathRefused(
+            f"{shown}: leads to {relative}; write it by its own name, so the"
+            " approval shows what it is"
+        )
     if os.path.lexists(path):
         info = os.lstat(path)
         if stat.S_ISDIR(info.st_mode):
-            raise PathRefused(f"{shown}: is a directory; WRITE and PATCH take a file path")
+            raise PathRefused(
+                f"{shown}: is a directory; WRITE and PATCH take a file path"
+            )
         check_regular(info, shown)
     return path
 
@@ -102,7 +125,9 @@ def write_category(path: str) -> str:
     """The policy category of a WRITE or PATCH of PATH: "interpreter" for a file Python runs
     at every start (.pth, sitecustomize.py, usercustomize.py), else "write"."""
     name = path.rstrip("/").rsplit("/", 1)[-1].casefold()
-    return "interpreter" if name.endswith(".pth") or name in INTERPRETER_FILES else "write"
+    return (
+        "interpreter" if name.endswith(".pth") or name in INTERPRETER_FILES else "write"
+    )
 
 WRITE_CAP_BYTES = READ_CAP_BYTES
 
@@ -110,12 +135,16 @@ WRITE_CAP_BYTES = READ_CAP_BYTES
 def check_content(content: str, shown: str) -> None:
     """Refuse content that READ could not read back: over the write cap, or holding a NUL."""
     if "\0" in content:
-        raise PathRefused(f"{shown}: the content holds a NUL byte, which makes a file that READ"
-                          " and PATCH refuse as binary; write text only")
+        raise PathRefused(
+            f"{shown}: the content holds a NUL byte, which makes a file that READ"
+            " and PATCH refuse as binary; write text only"
+        )
     size = len(content.encode("utf-8", "surrogatepass"))
     if size > WRITE_CAP_BYTES:
-        raise PathRefused(f"{shown}: {size} bytes is over the write cap of {WRITE_CAP_BYTES}"
-                          " bytes; split the file")
+        raise PathRefused(
+            f"{shown}: {size} bytes is over the write cap of {WRITE_CAP_BYTES}"
+            " bytes; split the file"
+        )
 
 def write_file(action: dict, project) -> dict:
     """WRITE: create or replace a whole file, making missing parent directories.
@@ -152,7 +181,7 @@ def closest_window(lines: list[str], old_lines: list[str]) -> int:
 
     def similarity(start: int) -> float:
         """Score one window against OLD, from 0 (nothing alike) to 1 (equal)."""
-        matcher.set_seq1("\n".join(lines[start:start + size]))
+        matcher.set_seq1("\n".join(lines[start : start + size]))
         return matcher.ratio()
 
     return max(range(max(1, len(lines) - size + 1)), key=similarity)
@@ -162,17 +191,23 @@ def not_found_message(shown: str, text: str, old: str) -> str:
     lines = text.split("\n")
     old_lines = old.removesuffix("\n").split("\n")
     start = closest_window(lines, old_lines)
-    window = lines[start:start + len(old_lines)]
-    numbered = "\n".join(f"{start + offset + 1:>5} | {line}" for offset, line in enumerate(window))
-    return (f"OLD was not found in {shown}. The most similar lines are:\n{numbered}\n"
-            "Copy OLD exactly from the file, whitespace included, or READ it again.")
+    window = lines[start : start + len(old_lines)]
+    numbered = "\n".join(
+        f"{start + offset + 1:>5} | {line}" for offset, line in enumerate(window)
+    )
+    return (
+        f"OLD was not found in {shown}. The most similar lines are:\n{numbered}\n"
+        "Copy OLD exactly from the file, whitespace included, or READ it again."
+    )
 
 def ambiguous_message(shown: str, text: str, starts: list[int]) -> str:
     """Say how often and on which lines OLD occurs; the first 20 lines are enough to locate it."""
     numbers = [str(line_number(text, start)) for start in starts]
     listed = ", ".join(numbers[:20]) + (", ..." if len(numbers) > 20 else "")
-    return (f"OLD occurs {len(starts)} times in {shown}, at lines {listed};"
-            " include more surrounding lines in OLD so it occurs once")
+    return (
+        f"OLD occurs {len(starts)} times in {shown}, at lines {listed};"
+        " include more surrounding lines in OLD so it occurs once"
+    )
 
 def patch_file(action: dict, project) -> dict:
     """PATCH: replace the one occurrence of OLD with NEW, written atomically like WRITE.
@@ -191,7 +226,7 @@ def patch_file(action: dict, project) -> dict:
     if len(starts) > 1:
         return failure(ambiguous_message(shown, text, starts))
     start = starts[0]
-    patched = text[:start] + new + text[start + len(old):]
+    patched = text[:start] + new + text[start + len(old) :]
     check_content(patched, shown)
     write_atomically(path, patched, project.root, shown)
     first, last = line_number(text, start), line_number(text, start + len(old) - 1)
