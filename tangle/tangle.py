@@ -72,7 +72,8 @@ BOM = "\ufeff"
 
 
 def read_org(path, data=None):
-    """The lines of an Org file (DATA, or the file at PATH) as Emacs reads them, and its Layout."""
+    """The lines of an Org file (DATA, or the file at PATH) as Emacs reads them, and its
+    Layout."""
     if data is None:
         with open(path, "rb") as f:
             data = f.read()
@@ -171,7 +172,8 @@ ALNUM_CATEGORIES = {"Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nl", "Nd"}
 
 
 def is_tag_text(text):
-    """Whether TEXT (colons included) matches Org's [[:alnum:]_@#%:]+ as Emacs reads it."""
+    """Whether TEXT (colons included) matches Org's [[:alnum:]_@#%:]+ as Emacs reads
+    it."""
     return all(
         ch in ":_@#%"
         or (
@@ -249,7 +251,8 @@ def parse_document(path, data=None):
     return doc
 
 def first_heading_drawer(path, headings):
-    """Refuse header-args in the drawer of a heading on line 1: Org 9.5 applies them file-wide."""
+    """Refuse header-args in the drawer of a heading on line 1: Org 9.5 applies them
+    file-wide."""
     if headings and headings[0].line == 1:
         for line, key, _ in headings[0].properties:
             if key.lower().startswith("header-args"):
@@ -261,7 +264,8 @@ def first_heading_drawer(path, headings):
                 )
 
 def read_file_drawer(doc):
-    """Read a property drawer at the top of the file; return the index of the line after it."""
+    """Read a property drawer at the top of the file; return the index of the line after
+    it."""
     i = 0
     while i < len(doc.lines) and re.match(r"[ \t]*#(?: |$)", doc.lines[i]):
         i += 1
@@ -276,7 +280,8 @@ def after_planning(lines, i):
     return i
 
 def read_property_drawer(path, lines, i, properties):
-    """Collect the :PROPERTIES: drawer at line index I into PROPERTIES; return the next index."""
+    """Collect the :PROPERTIES: drawer at line index I into PROPERTIES; return the next
+    index."""
     if i >= len(lines) or not PROPERTIES_START.fullmatch(lines[i]):
         return i
     for j in range(i + 1, len(lines)):
@@ -313,7 +318,8 @@ def check_header_args_property(path, number, key, value):
         )
 
 def skip_raw(doc, i, first, closes, what, limit):
-    """Skip the element opened at line index I, from line FIRST to the line CLOSES accepts; return the next index."""
+    """Skip the element opened at line index I, from line FIRST to the line CLOSES
+    accepts; return the next index."""
     open_src = None
     for j in range(first, len(doc.lines)):
         line = doc.lines[j]
@@ -334,7 +340,8 @@ def skip_raw(doc, i, first, closes, what, limit):
     raise Refusal(doc.path, i + 1, f"{what} without its end (Org reads it as text)")
 
 def latex_end(lines, i, name, limit):
-    """The pattern that ends the LaTeX environment NAME begun at line index I, or None if Org sees none."""
+    """The pattern that ends the LaTeX environment NAME begun at line index I, or None
+    if Org sees none."""
     end = re.compile(r"\\end\{" + re.escape(name) + r"\}[ \t]*$", re.I)
     for j in range(i, len(lines) if limit is None else limit):
         if j > i and HEADING.match(lines[j]):
@@ -344,12 +351,14 @@ def latex_end(lines, i, name, limit):
     return None
 
 def note_hidden_name(doc, j):
-    """Remember a #+NAME: line that Emacs's search for named blocks would find where Org sees no block."""
+    """Remember a #+NAME: line that Emacs's search for named blocks would find where Org
+    sees no block."""
     if m := NAME_LINE.match(doc.lines[j]):
         doc.hidden_names.setdefault(m.group(1).lower(), j + 1)
 
 def container_end(lines, i):
-    """The index of the line that closes the element containing elements opened at line index I, or None."""
+    """The index of the line that closes the element containing elements opened at line
+    index I, or None."""
     line = lines[i]
     if m := re.match(rf"[ \t]*#\+begin_([^{EMACS_BLANKS}]+)", line, re.I):
         end = re.compile(rf"[ \t]*#\+end_{re.escape(m.group(1))}[ \t]*", re.I)
@@ -367,7 +376,8 @@ def container_end(lines, i):
     return None
 
 def check_within(path, i, j, limit, what):
-    """Refuse an element from line index I to J that runs past LIMIT, the end of its container."""
+    """Refuse an element from line index I to J that runs past LIMIT, the end of its
+    container."""
     if limit is not None and j > limit:
         raise Refusal(
             path,
@@ -386,7 +396,8 @@ OUTSIDE_KEYWORDS = {
 
 
 def check_keyword(doc, number, key, value):
-    """Refuse keywords that change what Emacs tangles; collect #+PROPERTY header-args."""
+    """Refuse keywords that change what Emacs tangles; collect #+PROPERTY
+    header-args."""
     if key == "property" and "header-args" in value.lower():
         check_blanks(doc.path, number, doc.lines[number - 1])
         if m := re.match(r"([^ \t]+)[ \t]+(.*)", value):
@@ -510,7 +521,8 @@ TARGET = re.compile(r"[^<]<<([^<>]+)>>[^>]")
 
 
 def target_above(lines, i):
-    """The <<target>> that Org's org-store-link finds at the start of line index I, or None."""
+    """The <<target>> that Org's org-store-link finds at the start of line index I, or
+    None."""
     start = max(i - 1, 0)
     text = "\n".join(lines[start : i + 2])
     here = len(lines[start]) + 1 if start < i else 0
@@ -560,9 +572,9 @@ NOWEB_EXPANDS = {
 }
 
 def balanced_split(text, at_colon=True):
-    """Split TEXT as org-babel-balanced-split does: where a blank is followed by ':' (dropping
-    both), or with AT_COLON false at each space; never inside "quotes" or balanced brackets.
-    Returns (offset, piece) pairs."""
+    """Split TEXT as org-babel-balanced-split does: where a blank is followed by ':'
+    (dropping both), or with AT_COLON false at each space; never inside "quotes" or
+    balanced brackets. Returns (offset, piece) pairs."""
     if at_colon and not re.search(r'["(\[]', text):
         # Nothing to balance: cut at each blank and colon, as the walk below would.
         cuts = [m.start() for m in re.finditer(r"[ \t]:", text)]
@@ -597,7 +609,8 @@ def balanced_split(text, at_colon=True):
     return parts
 
 def balanced_end(text, k):
-    """The index after the bracket that closes the one at K, as Org matches them, or None."""
+    """The index after the bracket that closes the one at K, as Org matches them, or
+    None."""
     openings = [text[k]]
     for j in range(k + 1, len(text)):
         ch = text[j]
@@ -641,7 +654,8 @@ def read_value(where, key, raw):
     return raw
 
 def parse_arguments(pieces):
-    """Parse the header arguments in PIECES, (where, text) pairs, into {key: (value, where)}."""
+    """Parse the header arguments in PIECES, (where, text) pairs, into {key: (value,
+    where)}."""
     text = " ".join(t for _, t in pieces)
     if not text.strip(" \t") or text == "nil":
         return {}
@@ -702,7 +716,8 @@ def inherited_property(doc, heading, name):
     return keyword_property(doc, name) + pieces
 
 def property_levels(doc, heading, name):
-    """The property drawers that inheritance of NAME visits from HEADING: its own, its ancestors', the file's."""
+    """The property drawers that inheritance of NAME visits from HEADING: its own, its
+    ancestors', the file's."""
     top = None
     while heading:
         yield heading.properties
@@ -729,7 +744,8 @@ def keyword_property(doc, name):
     return [] if " ".join(t for _, t in pieces) == "nil" else pieces
 
 def block_parameters(doc, block):
-    """Merge a block's header arguments: properties, then the block line, then #+HEADER."""
+    """Merge a block's header arguments: properties, then the block line, then
+    #+HEADER."""
     params = {"tangle": ("no", (doc.path, block.line))}
     for name in ("header-args", "header-args:" + block.language.lower()):
         params.update(parse_arguments(inherited_property(doc, block.heading, name)))
@@ -748,7 +764,8 @@ def block_parameters(doc, block):
     return {**params, **headers}
 
 def tangle_target(doc, value, where):
-    """The path that a :tangle value names, relative to the org file's directory, or a refusal."""
+    """The path that a :tangle value names, relative to the org file's directory, or a
+    refusal."""
     if value is None:
         raise Refusal(*where, ":tangle needs a value: a file name or no")
     if value == "yes":
@@ -809,7 +826,8 @@ COMMENT_STARTS = {
 }
 
 def check_parameters(doc, block, params):
-    """Refuse header arguments that we cannot tangle as every Org does, on a used block."""
+    """Refuse header arguments that we cannot tangle as every Org does, on a used
+    block."""
     for key, (value, where) in params.items():
         if key == "noweb-prefix":
             raise Refusal(
@@ -831,13 +849,15 @@ def check_parameters(doc, block, params):
         raise Refusal(*where, f":noweb {value}: use one of {', '.join(NOWEB_EXPANDS)}")
 
 def check_tangled(doc, block, params):
-    """Refuse what a tangled block's output depends on beyond the subset: language, injected code, comments, modes."""
+    """Refuse what a tangled block's output depends on beyond the subset: language,
+    injected code, comments, modes."""
     if block.language.lower() not in LANGUAGES:
         raise Refusal(
             doc.path,
             block.line,
-            f"{block.language} blocks are not covered: Org expands "
-            f"some languages' blocks (ob-C wraps C in main()); covered: {', '.join(sorted(LANGUAGES))}",
+            f"{block.language} blocks are not covered: Org expands some languages'"
+            " blocks (ob-C wraps C in main()); covered:"
+            f" {', '.join(sorted(LANGUAGES))}",
         )
     for key, (value, where) in params.items():
         if key in INJECTING_KEYS:
@@ -852,7 +872,8 @@ def check_tangled(doc, block, params):
     if mode is not None and not isinstance(mode, int):
         raise Refusal(
             *where,
-            ":tangle-mode: write (identity #o755); other forms differ between Org versions",
+            ":tangle-mode: write (identity #o755); other forms differ between Org"
+            " versions",
         )
     if comments != "no":
         if block.language not in COMMENT_STARTS:
@@ -873,7 +894,8 @@ def check_tangled(doc, block, params):
 UNESCAPE = re.compile(r"^([ \t]*,*),(\*|#\+)")
 
 def indentation(line):
-    """Column of the first non-blank character, counting a tab to the next multiple of 8."""
+    """Column of the first non-blank character, counting a tab to the next multiple of
+    8."""
     column = 0
     for ch in line:
         if ch == " ":
@@ -925,13 +947,15 @@ def normalize_body(doc, block):
         if "\t" in lead:
             raise Refusal(
                 *where(k),
-                "tab in the indentation of an indented block (Org versions cut it differently)"
+                "tab in the indentation of an indented block (Org versions cut it"
+                " differently)"
             )
         if not line.strip(" \t"):
             if len(line) > cut:
                 raise Refusal(
                     *where(k),
-                    "whitespace-only line wider than the block's indentation (Org versions disagree on it)"
+                    "whitespace-only line wider than the block's indentation (Org"
+                    " versions disagree on it)"
                 )
             body.append("")
         else:
@@ -981,7 +1005,8 @@ class Book:
     bodies: dict = field(default_factory=dict)
 
 def open_book(path, data=None):
-    """Parse PATH (or DATA, as if it were PATH's bytes) and index its blocks by #+NAME and :noweb-ref."""
+    """Parse PATH (or DATA, as if it were PATH's bytes) and index its blocks by #+NAME
+    and :noweb-ref."""
     doc = parse_document(path, data)
     params = [block_parameters(doc, block) for block in doc.blocks]
     names, refs = {}, {}
@@ -992,8 +1017,8 @@ def open_book(path, data=None):
                 raise Refusal(
                     path,
                     block.name_line,
-                    f"#+NAME: {block.name} is also used at "
-                    f"line {doc.blocks[other].name_line} (Org matches names ignoring case)",
+                    f"#+NAME: {block.name} is also used at line"
+                    f" {doc.blocks[other].name_line} (Org matches names ignoring case)",
                 )
         ref = params[i].get("noweb-ref", (None,))[0]
         if ref is not None and not (block.heading and block.heading.commented):
@@ -1041,7 +1066,8 @@ def resolve(book, name, where):
             raise Refusal(
                 *where,
                 f"<<{name}>>: Emacs's search for #+NAME: {name} stops at the blank "
-                f"inside the keyword on line {block.name_hidden_by} and inserts nothing",
+                f"inside the keyword on line {block.name_hidden_by} and inserts"
+                " nothing",
             )
         if not (block.heading and block.heading.commented):
             return [named]
@@ -1142,8 +1168,8 @@ def link_comment(book, i, target):
         raise Refusal(
             book.doc.path,
             block.line,
-            ":comments link under a heading with no title "
-            "(Org names it 'No heading') or with a CUSTOM_ID (Org links to it) is not supported",
+            ":comments link under a heading with no title (Org names it 'No heading')"
+            " or with a CUSTOM_ID (Org links to it) is not supported",
         )
     search = block.target or block.name or "*" + link_heading(heading.title)
     name = block.name or f"{heading.title}:{block.number}"
@@ -1179,8 +1205,8 @@ def comment_line(language, text):
     return indent + COMMENT_STARTS[language] + text[len(indent) :]
 
 def link_heading(title):
-    """The search text Org makes of a heading's title: a leading COMMENT dropped, cookies
-    blanked, blanks squeezed, ends trimmed."""
+    """The search text Org makes of a heading's title: a leading COMMENT dropped,
+    cookies blanked, blanks squeezed, ends trimmed."""
     text = re.sub(r"\[[0-9]*(?:%|/[0-9]*)\]", " ", re.sub(r"^COMMENT[ \t]+", "", title))
     return re.sub(r"[ \t]+", " ", text).strip(" \t\n\r")
 
@@ -1286,7 +1312,8 @@ def read_bytes(path):
         return None
 
 def write_atomically(path, data, mode):
-    """Replace PATH with the bytes DATA so that a crash leaves the old file or the new, never half."""
+    """Replace PATH with the bytes DATA so that a crash leaves the old file or the new,
+    never half."""
     temporary = os.path.join(
         os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tangle"
     )
@@ -1311,7 +1338,8 @@ def file_mode(mode):
     return 0o666 & ~umask
 
 def write_outputs(book, outputs):
-    """Write each output (and the database) whose bytes differ, set each mode; return the paths written."""
+    """Write each output (and the database) whose bytes differ, set each mode; return
+    the paths written."""
     base = base_of(book.doc.path)
     files = [
         (
@@ -1346,7 +1374,8 @@ def write_outputs(book, outputs):
     return written
 
 def check_writable(book, files):
-    """Refuse, before anything is written, any of FILES that cannot be written as a plain file."""
+    """Refuse, before anything is written, any of FILES that cannot be written as a
+    plain file."""
     base = base_of(book.doc.path)
     paths = {path for path, *_ in files}
     name_max, path_max = os.pathconf(base, "PC_NAME_MAX"), os.pathconf(
@@ -1460,7 +1489,8 @@ def split_lines(text):
     return lines if lines[-1] else lines[:-1]
 
 def labelled_diff(org_name, path, disk, out):
-    """A unified diff from the file on disk to the book's text, each hunk naming its org line."""
+    """A unified diff from the file on disk to the book's text, each hunk naming its org
+    line."""
     old = split_lines(disk.decode("utf-8", "replace"))
     new = split_lines(out.text)
     diff = [f"--- {path} (on disk)\n", f"+++ {path} (tangled from {org_name})\n"]
@@ -1540,7 +1570,8 @@ def what_is(line):
     return "a line the tangler adds (shebang, comment or :noweb-sep)"
 
 def map_edit(book, out, old, new, opcode):
-    """Map one differing stretch of a tangled file to edits (block, k1, k2, new lines)."""
+    """Map one differing stretch of a tangled file to edits (block, k1, k2, new
+    lines)."""
     _, i1, i2, j1, j2 = opcode
     if i1 == i2:
         return [map_insertion(book, out, old, new, i1, j1, j2)]
@@ -1558,9 +1589,9 @@ def map_edit(book, out, old, new, opcode):
         raise Refusal(
             out.shown,
             i1 + 1,
-            "the change spans more than one block and adds or removes "
-            f"lines ({book.doc.path}:{origin(out.lines[i1])} to :{origin(out.lines[i2 - 1])}); "
-            "edit one block at a time",
+            "the change spans more than one block and adds or removes lines"
+            f" ({book.doc.path}:{origin(out.lines[i1])} to"
+            f" :{origin(out.lines[i2 - 1])}); edit one block at a time",
         )
     line_for_line = j2 > j1
     return [
@@ -1575,7 +1606,8 @@ def map_edit(book, out, old, new, opcode):
     ]
 
 def block_runs(out, i1, i2):
-    """Lines I1..I2 of OUT cut into runs of consecutive lines of one block each (as line index lists)."""
+    """Lines I1..I2 of OUT cut into runs of consecutive lines of one block each (as line
+    index lists)."""
     runs = []
     for i in range(i1, i2):
         here, before = spot(out.lines[i]), spot(out.lines[i - 1]) if runs else None
@@ -1601,8 +1633,9 @@ def check_not_emptied(book, out, i1, i2):
             raise Refusal(
                 out.shown,
                 lines[0] + 1,
-                "the change deletes every line of the block at "
-                f"{book.doc.path}:{book.doc.blocks[b].line}; delete the block in the book instead",
+                "the change deletes every line of the block at"
+                f" {book.doc.path}:{book.doc.blocks[b].line}; delete the block in the"
+                " book instead",
             )
 
 def map_insertion(book, out, old, new, i1, j1, j2):
@@ -1620,7 +1653,8 @@ def map_insertion(book, out, old, new, i1, j1, j2):
         raise Refusal(
             out.shown,
             i1 + 1,
-            "lines added between two blocks: it is not clear which block they belong to",
+            "lines added between two blocks: it is not clear which block they"
+            " belong to",
         )
     if not (above or below):
         raise Refusal(out.shown, i1 + 1, "lines added where no block is next to them")
@@ -1629,12 +1663,14 @@ def map_insertion(book, out, old, new, i1, j1, j2):
     return check_edit(book, out, target, i1, j1, new[j1:j2], k, k)
 
 def edit(book, out, run, j1, lines):
-    """The edit that replaces the block lines of RUN (line indexes of OUT) with LINES (from line J1)."""
+    """The edit that replaces the block lines of RUN (line indexes of OUT) with LINES
+    (from line J1)."""
     first, last = spot(out.lines[run[0]]), spot(out.lines[run[-1]])
     return check_edit(book, out, first, run[0], j1, lines, first.k, last.k + 1)
 
 def check_edit(book, out, target, i, j1, lines, k1, k2):
-    """The edit (block, k1, k2, lines without their prefix) for TARGET's lines K1..K2, or a refusal."""
+    """The edit (block, k1, k2, lines without their prefix) for TARGET's lines K1..K2,
+    or a refusal."""
     uses = book.uses[target.block]
     if uses > 1:
         name = book.doc.blocks[target.block].name or "a :noweb-ref block"
@@ -1657,7 +1693,8 @@ def escape(line):
     return re.sub(r"^([ \t]*)(,*(?:\*|#\+))", r"\1,\2", line)
 
 def write_back(book, edits):
-    """The org file's lines with EDITS applied to block bodies, indentation and escapes kept."""
+    """The org file's lines with EDITS applied to block bodies, indentation and escapes
+    kept."""
     lines = list(book.doc.lines)
     for block_index, k1, k2, new in sorted(
         edits, key=lambda e: (e[0], e[1]), reverse=True
@@ -1729,7 +1766,8 @@ def detangle(path):
     return edited
 
 def check_written_back(path, data, expected):
-    """Refuse a write-back unless the new org DATA tangles to exactly the EXPECTED files.
+    """Refuse a write-back unless the new org DATA tangles to exactly the EXPECTED
+    files.
 
     EXPECTED holds the edited files as they are on disk, and every other
     file as the book wrote it before.
@@ -1754,8 +1792,11 @@ class OneLineErrors(argparse.ArgumentParser):
 def main(argv=None):
     parser = OneLineErrors(
         prog="tangle.py",
-        description="Write the src blocks of Org files into their files, as Emacs's "
-        "org-babel-tangle does (Org 9.5-9.8), refusing what Org versions tangle differently.",
+        description=(
+            "Write the src blocks of Org files into their files, as Emacs's"
+            " org-babel-tangle does (Org 9.5-9.8), refusing what Org versions tangle"
+            " differently."
+        ),
     )
     parser.add_argument(
         "files",

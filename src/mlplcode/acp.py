@@ -1,4 +1,5 @@
-"""The Agent Client Protocol: mlplcode as an agent that an editor starts and talks to on stdio."""
+"""The Agent Client Protocol: mlplcode as an agent that an editor starts and talks to on
+stdio."""
 
 import asyncio
 import concurrent.futures
@@ -45,8 +46,8 @@ from .trust import inside, visible
 from .verbs import VERB_OF_TOOL
 
 def take_stdio():
-    """The protocol's own files, copies of stdin and stdout; then stdin reads nothing and
-    stdout writes to stderr, for everything else in the process and its children."""
+    """The protocol's own files, copies of stdin and stdout; then stdin reads nothing
+    and stdout writes to stderr, for everything else in the process and its children."""
     reading, writing = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
     with open(os.devnull, "rb") as nothing:
         os.dup2(nothing.fileno(), 0)
@@ -58,8 +59,8 @@ LINE_LIMIT = 50 * 1024 * 1024
 
 
 def lines(reading, limit=LINE_LIMIT):
-    """Each line of READING to its end; a line longer than LIMIT bytes is read to its end
-    and given as None."""
+    """Each line of READING to its end; a line longer than LIMIT bytes is read to its
+    end and given as None."""
     while line := reading.readline(limit + 1):
         if len(line) > limit and not line.endswith(b"\n"):
             while (rest := reading.readline(limit)) and not rest.endswith(b"\n"):
@@ -71,7 +72,8 @@ def error_response(code, message, id=None):
     return {"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}
 
 def read_message(line):
-    """LINE as (a JSON-RPC 2.0 message, None), or (None, the error response it deserves)."""
+    """LINE as (a JSON-RPC 2.0 message, None), or (None, the error response it
+    deserves)."""
     if line is None:
         return None, error_response(
             -32700, f"Parse error: a message is one line of at most {LINE_LIMIT} bytes"
@@ -100,7 +102,8 @@ def valid_id(id):
     )
 
 def message_problem(message):
-    """What keeps MESSAGE from being a JSON-RPC 2.0 request, notification or response, or ""."""
+    """What keeps MESSAGE from being a JSON-RPC 2.0 request, notification or response,
+    or ""."""
     if message.get("jsonrpc") != "2.0":
         return 'jsonrpc must be "2.0"'
     if not valid_id(message.get("id")):
@@ -111,14 +114,17 @@ def message_problem(message):
         if not isinstance(message.get("params", {}), (dict, list, type(None))):
             return "params must be an object or an array"
     elif "id" not in message or ("result" in message) == ("error" in message):
-        return "a message is a request, a notification, or a response with a result or an error"
+        return (
+            "a message is a request, a notification, or a response with a result or an"
+            " error"
+        )
     elif not isinstance(message.get("error", {}), dict):
         return "error must be an object"
     return ""
 
 class LineTransport:
-    """The SDK's message transport over the protocol's files: one JSON-RPC message a line,
-    each way; a line that is not a JSON-RPC message is answered here."""
+    """The SDK's message transport over the protocol's files: one JSON-RPC message a
+    line, each way; a line that is not a JSON-RPC message is answered here."""
 
     def __init__(self, reading, writing):
         self.writing, self.closed, self.messages = writing, False, asyncio.Queue()
@@ -126,7 +132,8 @@ class LineTransport:
         threading.Thread(target=self.feed, args=(reading, loop), daemon=True).start()
 
     def feed(self, reading, loop):
-        """Read and check each line in a thread of its own, since a read blocks; None at the end."""
+        """Read and check each line in a thread of its own, since a read blocks; None at
+        the end."""
         for line in lines(reading):
             loop.call_soon_threadsafe(self.messages.put_nowait, read_message(line))
         loop.call_soon_threadsafe(self.messages.put_nowait, (None, None))
@@ -155,22 +162,25 @@ class LineTransport:
         self.closed = True
 
 class Cancelled(KeyboardInterrupt):
-    """A cancel from the client, raised as the interrupt that the Agent already handles."""
+    """A cancel from the client, raised as the interrupt that the Agent already
+    handles."""
 
 
 CANCEL_SIGNAL = signal.SIGUSR1
 INTERRUPTED = "interrupted"
 
 class AgentThread:
-    """The main thread, which makes every call on an Agent, one at a time, so that a cancel
-    can interrupt the call with a signal, as Ctrl-C interrupts the command line."""
+    """The main thread, which makes every call on an Agent, one at a time, so that a
+    cancel can interrupt the call with a signal, as Ctrl-C interrupts the command line.
+    """
 
     def __init__(self):
         self.calls, self.finished = queue.SimpleQueue(), threading.Event()
         self.running, self.interrupted = None, False
 
     def submit(self, session, function):
-        """Queue FUNCTION for SESSION; the future of its result (INTERRUPTED, if cancelled)."""
+        """Queue FUNCTION for SESSION; the future of its result (INTERRUPTED, if
+        cancelled)."""
         future = concurrent.futures.Future()
         self.calls.put((session, function, future))
         return future
@@ -208,7 +218,8 @@ class AgentThread:
             future.set_exception(error)
 
     def interrupt(self, session):
-        """Interrupt SESSION's call, if it is the one running (called from the protocol's thread)."""
+        """Interrupt SESSION's call, if it is the one running (called from the
+        protocol's thread)."""
         if self.running is session:
             signal.pthread_kill(threading.main_thread().ident, CANCEL_SIGNAL)
 
@@ -221,8 +232,8 @@ def text(words):
     return TextContentBlock(type="text", text=words)
 
 def fenced(words):
-    """WORDS made visible, in a code fence longer than any run of backticks in them, so that
-    a client shows them as they are instead of rendering them as Markdown."""
+    """WORDS made visible, in a code fence longer than any run of backticks in them, so
+    that a client shows them as they are instead of rendering them as Markdown."""
     words = visible(words)
     fence = "`" * max(
         3, 1 + max((len(run) for run in re.findall("`+", words)), default=0)
@@ -251,8 +262,8 @@ def call_id(step):
     return f"step-{step.number}"
 
 def location(state, step):
-    """Where STEP's action acts, or None: its path under the root, with, for a PATCH, the
-    line where its OLD lines start in the file as the run last saw it."""
+    """Where STEP's action acts, or None: its path under the root, with, for a PATCH,
+    the line where its OLD lines start in the file as the run last saw it."""
     action, root = step.action, state.start["root"]
     if VERB_OF_TOOL[action["tool"]].argument != "path":
         return None
@@ -268,8 +279,8 @@ def location(state, step):
     return ToolCallLocation(path=path)
 
 def change(state, step, place):
-    """STEP's WRITE or PATCH as ACP's diff: OLD and NEW lines, or the file as the run last saw
-    it (nothing, for a new file) and its new content."""
+    """STEP's WRITE or PATCH as ACP's diff: OLD and NEW lines, or the file as the run
+    last saw it (nothing, for a new file) and its new content."""
     action = step.action
     if action["tool"] == "patch":
         before, after = action["old"], action["new"]
@@ -286,7 +297,8 @@ def change(state, step, place):
     )
 
 def tool_fields(state, step):
-    """How a tool call shows STEP's action: a title, a kind, where it acts, and the change."""
+    """How a tool call shows STEP's action: a title, a kind, where it acts, and the
+    change."""
     action = step.action
     if "tool" not in action:
         return {"title": "reply not parsed", "kind": "other"}
@@ -299,7 +311,8 @@ def tool_fields(state, step):
     return fields
 
 def result(state, step):
-    """The content that shows STEP's observation: the change it made, if any, then its text."""
+    """The content that shows STEP's observation: the change it made, if any, then its
+    text."""
     made = tool_fields(state, step).get("content", []) if step.observation["ok"] else []
     return made + [shown_text(step.observation["text"])]
 
@@ -359,7 +372,8 @@ STOP_REASONS = {
 
 
 def stop_reason(stop):
-    """The ACP stopReason of a run's stop; a run that failed is an error response instead."""
+    """The ACP stopReason of a run's stop; a run that failed is an error response
+    instead."""
     if stop["reason"] in STOP_REASONS:
         return STOP_REASONS[stop["reason"]]
     raise RequestError(
@@ -392,7 +406,8 @@ def refused(message):
     return RequestError(-32602, visible(message))
 
 def prompt_text(blocks, root):
-    """The text of a prompt: its text blocks, and a link as its URI, or as its path in the root."""
+    """The text of a prompt: its text blocks, and a link as its URI, or as its path in
+    the root."""
     parts = []
     for block in blocks:
         if block.type == "text":
@@ -413,7 +428,8 @@ def prompt_text(blocks, root):
     return words
 
 def link_text(uri, root):
-    """A resource link as the model can use it: a file in the root as its relative path."""
+    """A resource link as the model can use it: a file in the root as its relative
+    path."""
     parts = urlparse(uri)
     path = unquote(parts.path)
     if (
@@ -426,8 +442,8 @@ def link_text(uri, root):
 
 @dataclass(eq=False)
 class Session:
-    """One ACP session: one run in one root. The run is its journal; these fields say where
-    the conversation with the client stands."""
+    """One ACP session: one run in one root. The run is its journal; these fields say
+    where the conversation with the client stands."""
 
     id: str
     root: str
@@ -482,8 +498,9 @@ class FrontEnd:
         session = Session(run, self.root(cwd))
         if inside(os.path.realpath(runs_directory()), session.root):
             raise refused(
-                f"the journals of mlplcode, in {runs_directory()}, would lie inside {session.root},"
-                " where a run could change them; set XDG_STATE_HOME to a directory outside it"
+                f"the journals of mlplcode, in {runs_directory()}, would lie inside"
+                f" {session.root}, where a run could change them; set XDG_STATE_HOME to a"
+                " directory outside it"
             )
         self.sessions[session.id] = session
         print(
@@ -542,7 +559,8 @@ class FrontEnd:
         return "cancelled"
 
     def begin(self, session, words):
-        """Take WORDS as the task of a new run, the reason for a no, or a note (on the Agent's thread)."""
+        """Take WORDS as the task of a new run, the reason for a no, or a note (on the
+        Agent's thread)."""
         agent = session.agent
         if agent is None:
             session.agent = Agent.start(
@@ -607,7 +625,8 @@ class FrontEnd:
         return LoadSessionResponse()
 
     def journal(self, session_id):
-        """The journal of the run SESSION_ID names, in the directory of runs, and nowhere else."""
+        """The journal of the run SESSION_ID names, in the directory of runs, and nowhere
+        else."""
         journal = os.path.join(runs_directory(), f"{session_id}.jsonl")
         if (
             session_id != os.path.basename(session_id)
@@ -618,8 +637,8 @@ class FrontEnd:
         return journal
 
     async def call(self, session, function):
-        """FUNCTION's result, made on the Agent's thread: INTERRUPTED if a cancel cut it short;
-        a refusal becomes a JSON-RPC error."""
+        """FUNCTION's result, made on the Agent's thread: INTERRUPTED if a cancel cut it
+        short; a refusal becomes a JSON-RPC error."""
         try:
             return await asyncio.wrap_future(self.worker.submit(session, function))
         except AgentError as error:
@@ -656,7 +675,8 @@ class FrontEnd:
             asyncio.run_coroutine_threadsafe(send(), self.loop).result()
 
 def serve(model, policy, budget, model_options):
-    """Speak ACP on stdin and stdout until the client closes stdin; return the exit status."""
+    """Speak ACP on stdin and stdout until the client closes stdin; return the exit
+    status."""
     model_from_spec(model, **model_options)
     reading, writing = take_stdio()
     print(

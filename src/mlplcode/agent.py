@@ -1,4 +1,5 @@
-"""The agent as an object: the one driver of a run, kept in its journal, driven one call at a time."""
+"""The agent as an object: the one driver of a run, kept in its journal, driven one call
+at a time."""
 
 import contextlib
 import json
@@ -37,7 +38,8 @@ PYTHON_WORDS = {
 
 
 class AgentError(Exception):
-    """A call the run cannot take now; `said(words)` tells what to do instead, in a front end's words."""
+    """A call the run cannot take now; `said(words)` tells what to do instead, in a
+    front end's words."""
 
     def __init__(self, problem, remedy):
         super().__init__(problem, remedy)
@@ -50,11 +52,13 @@ class AgentError(Exception):
         return self.said(PYTHON_WORDS)
 
 def new_run_id():
-    """An id such as 20250130-142501-3fa2: the start time, then four random hex digits."""
+    """An id such as 20250130-142501-3fa2: the start time, then four random hex
+    digits."""
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 def runs_directory():
-    """Where journals are kept unless a run names its own: $XDG_STATE_HOME/mlplcode/runs."""
+    """Where journals are kept unless a run names its own:
+    $XDG_STATE_HOME/mlplcode/runs."""
     state = os.environ.get("XDG_STATE_HOME", "")
     if not os.path.isabs(state):
         state = os.path.join(os.path.expanduser("~"), ".local", "state")
@@ -66,13 +70,15 @@ def starts_directory():
 
 
 def keep_start(start):
-    """Keep a copy of the start event START, under its run id, in the starts directory."""
+    """Keep a copy of the start event START, under its run id, in the starts
+    directory."""
     os.makedirs(starts_directory(), exist_ok=True)
     append_event(os.path.join(starts_directory(), f"{start['run']}.jsonl"), start)
 
 
 def check_start(start, journal):
-    """Refuse a start event that is not the one kept when its run began; say what differs."""
+    """Refuse a start event that is not the one kept when its run began; say what
+    differs."""
     kept = os.path.join(starts_directory(), f"{start['run']}.jsonl")
     try:
         with open(kept, encoding="utf-8") as file:
@@ -89,12 +95,13 @@ def check_start(start, journal):
             if start.get(key) != copies[0].get(key)
         )
         raise ValueError(
-            f"{journal}: its start event is not the one this run began with ({', '.join(changed)}"
-            " changed since); refusing to take it up"
+            f"{journal}: its start event is not the one this run began with"
+            f" ({', '.join(changed)} changed since); refusing to take it up"
         )
 
 def journal_path(journal, root, run):
-    """The absolute path for a new run's journal; refuses one that exists or lies in ROOT."""
+    """The absolute path for a new run's journal; refuses one that exists or lies in
+    ROOT."""
     path = os.path.abspath(journal or os.path.join(runs_directory(), f"{run}.jsonl"))
     if os.path.lexists(path):
         raise ValueError(f"{path} already exists; a journal holds one run")
@@ -160,8 +167,9 @@ class Agent:
         self.load(model)
 
     def load(self, model=None):
-        """Become what the journal says: its events and their state, and, if the run can go on,
-        its project and a model past the replies used (MODEL, when one was just built)."""
+        """Become what the journal says: its events and their state, and, if the run can go
+        on, its project and a model past the replies used (MODEL, when one was just built).
+        """
         events = read_events(self.journal)
         state = fold(events)
         start = state.start
@@ -189,7 +197,8 @@ class Agent:
             )
 
     def record(self, event):
-        """Append EVENT to the journal, flushed, then apply it to the state and tell the watcher."""
+        """Append EVENT to the journal, flushed, then apply it to the state and tell the
+        watcher."""
         append_event(self.journal, event)
         self.events.append(event)
         apply(self.state, event)
@@ -201,7 +210,8 @@ class Agent:
         return build_context(self.state, self.rendered)
 
     def check_can_step(self):
-        """Refuse a step after the stop, while an ask waits, or after a step was cut short."""
+        """Refuse a step after the stop, while an ask waits, or after a step was cut
+        short."""
         state = self.state
         if state.stop and state.stop["reason"] == "interrupted":
             raise AgentError("the run was interrupted", "resume")
@@ -224,7 +234,8 @@ class Agent:
         return self.advance(None)
 
     def advance(self, count):
-        """Take COUNT steps (any number for None), stopping when an ask waits or the run stops."""
+        """Take COUNT steps (any number for None), stopping when an ask waits or the run
+        stops."""
         state, first, taken = self.state, len(self.state.steps) + 1, 0
         with self.interruptible():
             while (count is None or taken < count) and not (
@@ -237,7 +248,8 @@ class Agent:
         return self.report(range(first, len(state.steps) + 1))
 
     def drive(self, decider):
-        """Run to the stop, answering each ask with DECIDER(action) -> (approved, reason)."""
+        """Run to the stop, answering each ask with DECIDER(action) -> (approved,
+        reason)."""
         self.run()
         while not self.state.stop:
             approved, reason = decider(self.waiting().action)
@@ -260,7 +272,8 @@ class Agent:
         return self.decide(True, "")
 
     def decide(self, approved, reason):
-        """Record the decision on the step that waits and do what it means (chapter "The loop")."""
+        """Record the decision on the step that waits and do what it means (chapter "The
+        loop")."""
         number = self.waiting().number
         with self.interruptible():
             self.project = loop.decide(
@@ -269,15 +282,16 @@ class Agent:
         return self.report([number])
 
     def deny(self, reason=""):
-        """Decline the action that waits; with a REASON the model reads it and goes on, without one
-        the run ends as denied."""
+        """Decline the action that waits; with a REASON the model reads it and goes on,
+        without one the run ends as denied."""
         return self.decide(False, reason.strip())
 
     def note(self, text):
         """Record a note from the human; the model sees it in its next prompt."""
         if self.state.stop:
             raise AgentError(
-                f"the run has stopped ({self.state.stop['reason']}); no model will read a note",
+                f"the run has stopped ({self.state.stop['reason']}); no model will read a"
+                " note",
                 "start",
             )
         with self.interruptible():
@@ -296,14 +310,16 @@ class Agent:
         return self.report([])
 
     def fork(self, at, journal=None):
-        """A new run that takes this one up as it stood before step AT, in a copy of its project."""
+        """A new run that takes this one up as it stood before step AT, in a copy of its
+        project."""
         from .branch import fork
     
         sync_journal(self.journal)
         return Agent(fork(self.journal, at, journal)[0], self.on_event, self.on_retry)
 
     def resume(self):
-        """Take up a run that was interrupted or cut short; refuses one that has finished."""
+        """Take up a run that was interrupted or cut short; refuses one that has
+        finished."""
         stopped = self.state.stop
         if stopped and stopped["reason"] != "interrupted":
             raise AgentError(
@@ -318,8 +334,8 @@ class Agent:
 
     @contextlib.contextmanager
     def interruptible(self):
-        """Sync the journal when the work ends; on an interrupt, first reload, close the step cut
-        short and stop the run as interrupted."""
+        """Sync the journal when the work ends; on an interrupt, first reload, close the
+        step cut short and stop the run as interrupted."""
         try:
             yield
         except KeyboardInterrupt:
@@ -337,7 +353,8 @@ class Agent:
             sync_journal(self.journal)
 
     def close_cut_step(self):
-        """Give the last step an observation if an interrupt or a crash left it without one."""
+        """Give the last step an observation if an interrupt or a crash left it without
+        one."""
         state = self.state
         last = state.steps[-1] if state.steps else None
         if (

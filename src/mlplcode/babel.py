@@ -1,6 +1,8 @@
-"""Org-babel's bridge to Jupyter: run a block in its session's kernel, kept alive between blocks.
+"""Org-babel's bridge to Jupyter: run a block in its session's kernel, kept alive
+between blocks.
 
-    python3 -m mlplcode.babel [--session NAME] [--org-file FILE] [--kernel NAME] [--timeout SECONDS]
+    python3 -m mlplcode.babel [--session NAME] [--org-file FILE] [--kernel NAME]
+    [--timeout SECONDS]
                               [--output FILE] < BLOCK
     python3 -m mlplcode.babel --session NAME [--org-file FILE] --stop
     python3 -m mlplcode.babel --lisp-file
@@ -49,7 +51,8 @@ class Session:
     log_file: str
 
 def find_session(name, org_file=None):
-    """The files of session NAME of ORG_FILE (or of no file), in a private folder of Jupyter's runtime directory."""
+    """The files of session NAME of ORG_FILE (or of no file), in a private folder of
+    Jupyter's runtime directory."""
     if not SESSION_NAME.fullmatch(name):
         raise BridgeError(
             f"session {name!r}: a session name is letters, digits and . _ + -"
@@ -103,7 +106,8 @@ def kernel_spec(kernel):
         ) from None
 
 def kernel_command(spec, connection_file):
-    """The kernelspec's argv with its {fields} filled in, as jupyter_client fills them."""
+    """The kernelspec's argv with its {fields} filled in, as jupyter_client fills
+    them."""
     fields = {
         "connection_file": connection_file,
         "resource_dir": spec.resource_dir,
@@ -132,7 +136,8 @@ def kernel_environment(spec):
     return env
 
 def start_kernel(session, kernel):
-    """Launch KERNEL for SESSION, detached from this process; return a client once it answers."""
+    """Launch KERNEL for SESSION, detached from this process; return a client once it
+    answers."""
     spec = kernel_spec(kernel)
     remove_files(session)
     write_connection_file(
@@ -182,7 +187,8 @@ def connect(session):
     return client
 
 def answers(client, seconds):
-    """Whether the kernel answers a kernel_info request, on the output channel too, within SECONDS."""
+    """Whether the kernel answers a kernel_info request, on the output channel too,
+    within SECONDS."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if collect(
@@ -195,7 +201,8 @@ def answers(client, seconds):
     return False
 
 def attach(session, kernel):
-    """A client of the session's kernel, started first when the session has none running."""
+    """A client of the session's kernel, started first when the session has none
+    running."""
     if running_pid(session) is None:
         restarted = os.path.exists(session.pid_file)
         return start_kernel(session, kernel), restarted
@@ -210,15 +217,16 @@ def attach(session, kernel):
     if not answers(client, ANSWER_TIMEOUT):
         client.stop_channels()
         raise BridgeError(
-            f"the kernel of session {session.name} did not answer in {ANSWER_TIMEOUT} s; "
-            "it may still be running another block (--stop ends it)"
+            f"the kernel of session {session.name} did not answer in {ANSWER_TIMEOUT}"
+            " s; it may still be running another block (--stop ends it)"
         )
     return client, False
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 def plain(content):
-    """The text/plain of a display, or a note saying which kinds of output it had instead."""
+    """The text/plain of a display, or a note saying which kinds of output it had
+    instead."""
     data = content.get("data", {})
     if "text/plain" in data:
         return data["text/plain"]
@@ -272,7 +280,8 @@ class Outputs:
         )
 
 def execute(session, client, code, timeout, outputs):
-    """Run CODE, collecting OUTPUTS; return how it ended: ok, error, aborted, timeout or interrupted."""
+    """Run CODE, collecting OUTPUTS; return how it ended: ok, error, aborted, timeout or
+    interrupted."""
     request = client.execute(code, allow_stdin=False)
     try:
         stopped = None if collect(client, request, timeout, outputs) else "timeout"
@@ -291,7 +300,8 @@ def execute(session, client, code, timeout, outputs):
     return content["status"]
 
 def collect(client, request, seconds, outputs):
-    """Pass REQUEST's output messages to OUTPUTS until the kernel is idle; False if SECONDS pass first."""
+    """Pass REQUEST's output messages to OUTPUTS until the kernel is idle; False if
+    SECONDS pass first."""
     deadline = time.monotonic() + seconds
     while True:
         try:
@@ -324,7 +334,8 @@ def reply_to(client, request):
             return message["content"]
 
 def interrupt(session, client):
-    """Interrupt the cell that the session's kernel is running, as Jupyter's interrupt button does."""
+    """Interrupt the cell that the session's kernel is running, as Jupyter's interrupt
+    button does."""
     with open(session.connection_file) as f:
         spec = kernel_spec(json.load(f).get("kernel_name"))
     if spec.interrupt_mode == "message":
@@ -345,7 +356,8 @@ def run_block(session, kernel, timeout, output):
     text = outputs.text()
     if restarted:
         text = (
-            f"[session {session.name}: its kernel had stopped; this block ran in a new one]\n"
+            f"[session {session.name}: its kernel had stopped; this block ran in a new"
+            " one]\n"
             + text
         )
     if status in ("timeout", "interrupted"):
@@ -377,7 +389,8 @@ def wait_gone(session, pid, seconds):
     return True
 
 def stop(session, *, keep_log=False):
-    """Stop the session's kernel: ask it to shut down, then signal its process group; return its pid."""
+    """Stop the session's kernel: ask it to shut down, then signal its process group;
+    return its pid."""
     pid = running_pid(session)
     if pid and os.path.exists(session.connection_file):
         client = connect(session)
@@ -406,16 +419,18 @@ def lisp_file():
     return str(resources.files("mlplcode") / "ob-mlplcode.el")
 
 def init_lines():
-    """The lines for Emacs's init file that load ob-mlplcode.el and run its bridge with this Python."""
-    return "\n".join(
-        [
-            ";; mlplcode's org-babel blocks (these lines are printed by python3 -m mlplcode.babel --init)",
-            f"(setq ob-mlplcode-python {lisp_string(sys.executable)})",
-            f"(load {lisp_string(lisp_file())})",
-            "(ob-mlplcode-allow-stepping-blocks)",
-            "",
-        ]
-    )
+    """The lines for Emacs's init file that load ob-mlplcode.el and run its bridge with
+    this Python."""
+    return "\n".join([
+        (
+            ";; mlplcode's org-babel blocks (these lines are printed by python3 -m"
+            " mlplcode.babel --init)"
+        ),
+        f"(setq ob-mlplcode-python {lisp_string(sys.executable)})",
+        f"(load {lisp_string(lisp_file())})",
+        "(ob-mlplcode-allow-stepping-blocks)",
+        "",
+    ])
 
 
 def lisp_string(text):
@@ -424,7 +439,10 @@ def lisp_string(text):
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python3 -m mlplcode.babel",
-        description="Run the cells read from standard input in the Jupyter kernel of an org-babel session.",
+        description=(
+            "Run the cells read from standard input in the Jupyter kernel of an"
+            " org-babel session."
+        ),
     )
     parser.add_argument(
         "--session",

@@ -10,7 +10,8 @@ from .journal import append_event, fold, read_events
 from .trust import inside
 
 def events_before(events, at):
-    """The events of a run before the reply of step AT; refuses a step the run does not have."""
+    """The events of a run before the reply of step AT; refuses a step the run does not
+    have."""
     for index, event in enumerate(events):
         if event["type"] == "reply" and event["step"] == at:
             return events[:index]
@@ -18,8 +19,8 @@ def events_before(events, at):
     raise ValueError(f"the run has steps 1 to {steps}; a branch starts at one of them")
 
 def known_before(state, path, at):
-    """The text of PATH as the run knew it before step AT (None: the file did not exist yet),
-    or raises ValueError when the journal cannot tell."""
+    """The text of PATH as the run knew it before step AT (None: the file did not exist
+    yet), or raises ValueError when the journal cannot tell."""
     text, known = None, False
     for step in state.steps[: at - 1]:
         if step.action.get("path") != path or not (
@@ -42,7 +43,8 @@ def known_before(state, path, at):
     return text
 
 def first_sight(state, path, at):
-    """What the steps from AT on tell of PATH as it was at AT: (text or None, whether they tell)."""
+    """What the steps from AT on tell of PATH as it was at AT: (text or None, whether
+    they tell)."""
     for step in state.steps[at - 1 :]:
         tool, ok = step.action.get("tool"), bool(
             step.observation and step.observation["ok"]
@@ -84,7 +86,8 @@ def restore(root, texts):
             file.write(text)
 
 def fork(journal, at, new_journal=None):
-    """Branch the run in JOURNAL before its step AT: (the new journal, its root, steps that ran tests)."""
+    """Branch the run in JOURNAL before its step AT: (the new journal, its root, steps
+    that ran tests)."""
     with open(journal, "rb") as file:
         digest = hashlib.sha256(file.read()).hexdigest()
     events = read_events(journal)

@@ -1,4 +1,5 @@
-"""The mlplcode command line: run, replay, resume, demo, kernel install, export and acp."""
+"""The mlplcode command line: run, replay, resume, demo, kernel install, export and
+acp."""
 
 import argparse
 import json
@@ -18,8 +19,8 @@ EXAMPLES = os.path.join(
 )
 
 def step_line(step):
-    """One line per step: number, action, verdict, and the observation's first line; below it,
-    for a reply that did not parse, the reply's first lines."""
+    """One line per step: number, action, verdict, and the observation's first line;
+    below it, for a reply that did not parse, the reply's first lines."""
     from .protocol import headline
 
     action = headline(step.action) if "tool" in step.action else "(reply not parsed)"
@@ -50,8 +51,8 @@ def reply_excerpt(reply):
     return "\n".join(shown)
 
 def print_event(event, state):
-    """Print a step when its observation is recorded, the ask of a DONE when it is raised,
-    and the stop when the run stops."""
+    """Print a step when its observation is recorded, the ask of a DONE when it is
+    raised, and the stop when the run stops."""
     last = state.steps[-1] if state.steps else None
     if event["type"] == "observation":
         print(step_line(last), flush=True)
@@ -81,8 +82,8 @@ def drive(agent, decider):
     print(f"RUN: {sandbox_banner(agent.project.programs['bwrap'])}")
     if not agent.project.history.complete:
         print(
-            "secrets: git history read for the newest commits only; values of secret files"
-            " in older commits are not redacted"
+            "secrets: git history read for the newest commits only; values of secret"
+            " files in older commits are not redacted"
         )
     print(f"journal: {agent.journal}", flush=True)
     try:
@@ -127,7 +128,8 @@ def decider(args):
     return terminal_decider() if sys.stdin.isatty() else always(False)
 
 def replayed_decisions(events):
-    """A decider that gives the recorded answers to asks, in order, reasons and all; then no."""
+    """A decider that gives the recorded answers to asks, in order, reasons and all;
+    then no."""
     answers = iter(
         [
             (event["approved"], event.get("reason", ""))
@@ -138,7 +140,8 @@ def replayed_decisions(events):
     return lambda action: next(answers, (False, ""))
 
 def replay(journal, root, output=None):
-    """Drive a new run with a journal's replies and decisions; return (status, old events, new events)."""
+    """Drive a new run with a journal's replies and decisions; return (status, old
+    events, new events)."""
     from .agent import Agent
     from .journal import read_events
 
@@ -158,7 +161,8 @@ def replay(journal, root, output=None):
     return status, recorded, agent.events
 
 def after_start(events):
-    """The events of a run after its start event (and the branch event before it, for a branch)."""
+    """The events of a run after its start event (and the branch event before it, for a
+    branch)."""
     return events[[event["type"] for event in events].index("start") + 1 :]
 
 def command_replay(args):
@@ -199,8 +203,9 @@ def command_fork(args):
     print(f"root: {root} (a copy, with the files as they were before step {args.at})")
     if untold:
         print(
-            f"warning: step(s) {', '.join(map(str, untold))} ran tests, which may have changed files"
-            " the journal does not record; the copy has them as they are now"
+            f"warning: step(s) {', '.join(map(str, untold))} ran tests, which may have"
+            " changed files the journal does not record; the copy has them as they"
+            " are now"
         )
     print(f"go on with: mlplcode resume {journal}")
     return 0
@@ -216,7 +221,8 @@ def command_demo(args):
     with tempfile.TemporaryDirectory(prefix="mlplcode-demo-") as scratch:
         root = shutil.copytree(project, os.path.join(scratch, "add"))
         print(
-            f"demo: replaying {os.path.relpath(journal)} on a fresh copy of examples/add"
+            f"demo: replaying {os.path.relpath(journal)} on a fresh copy of"
+            " examples/add"
         )
         status, _, _ = replay(journal, root, os.path.join(scratch, "demo.jsonl"))
     return status
@@ -246,13 +252,15 @@ def command_eval(args):
         )
     except KeyboardInterrupt:
         print(
-            f"eval: interrupted; no report was written, the finished trials' journals are in {args.out}",
+            "eval: interrupted; no report was written, the finished trials' journals"
+            f" are in {args.out}",
             file=sys.stderr,
         )
         return 130
     print(overview(report))
     print(
-        f"eval: the report is in {os.path.join(args.out, 'report.md')}, report.html and report.json"
+        f"eval: the report is in {os.path.join(args.out, 'report.md')}, report.html and"
+        " report.json"
     )
     return 0
 
@@ -265,7 +273,8 @@ def kernelspec():
     }
 
 def install_kernel(user, prefix):
-    """Write the kernelspec for the user, or under PREFIX; return the directory written."""
+    """Write the kernelspec for the user, or under PREFIX; return the directory
+    written."""
     from jupyter_client.kernelspec import KernelSpecManager
 
     with tempfile.TemporaryDirectory() as source:
@@ -326,8 +335,10 @@ def build_parser():
     run_parser.add_argument(
         "--journal",
         metavar="FILE",
-        help="write the run's events to FILE, outside the root (default: a new file"
-        " in $XDG_STATE_HOME/mlplcode/runs)",
+        help=(
+            "write the run's events to FILE, outside the root (default: a new file"
+            " in $XDG_STATE_HOME/mlplcode/runs)"
+        ),
     )
     run_parser.add_argument(
         "--budget",
@@ -349,29 +360,37 @@ def build_parser():
         type=seconds,
         default=DEFAULT_TIMEOUT,
         metavar="S",
-        help=f"at most S seconds for each model call, retries included"
-        f" (default {DEFAULT_TIMEOUT:g})",
+        help=(
+            "at most S seconds for each model call, retries included"
+            f" (default {DEFAULT_TIMEOUT:g})"
+        ),
     )
     run_parser.add_argument(
         "--context",
         type=positive,
         metavar="TOKENS",
-        help="the model's context window (default: what the server says, else"
-        " chapter Compaction's default)",
+        help=(
+            "the model's context window (default: what the server says, else"
+            " chapter Compaction's default)"
+        ),
     )
     run_parser.add_argument(
         "--grammar",
         choices=GRAMMAR_CHOICES,
         default="auto",
-        help="constrain the model's replies to the protocol's grammar, in the"
-        " notation its server takes (default auto: when the server is known to)",
+        help=(
+            "constrain the model's replies to the protocol's grammar, in the"
+            " notation its server takes (default auto: when the server is known to)"
+        ),
     )
     add_answers(run_parser)
     run_parser.set_defaults(handler=command_run)
     replay_parser = commands.add_parser(
         "replay",
         help="drive the loop again with a journal's replies",
-        description="Replay JOURNAL's model replies and decisions through the real loop.",
+        description=(
+            "Replay JOURNAL's model replies and decisions through the real loop."
+        ),
     )
     replay_parser.add_argument("journal", metavar="JOURNAL")
     replay_parser.add_argument(
@@ -392,8 +411,10 @@ def build_parser():
     fork_parser = commands.add_parser(
         "fork",
         help="branch a run before one of its steps",
-        description="Start a new run that takes up JOURNAL as it stood before"
-        " step N, in a copy of its project.",
+        description=(
+            "Start a new run that takes up JOURNAL as it stood before"
+            " step N, in a copy of its project."
+        ),
     )
     fork_parser.add_argument("journal", metavar="JOURNAL")
     fork_parser.add_argument(
@@ -419,9 +440,11 @@ def build_parser():
     eval_parser = commands.add_parser(
         "eval",
         help="measure the agent on a suite of tasks",
-        description="Run every task of --suite with each --model, --reps times,"
-        " each on a fresh copy judged by the task's hidden check; write the"
-        " report into --out.",
+        description=(
+            "Run every task of --suite with each --model, --reps times,"
+            " each on a fresh copy judged by the task's hidden check; write the"
+            " report into --out."
+        ),
     )
     eval_parser.add_argument(
         "--suite", required=True, metavar="DIR", help="a directory of task directories"
@@ -501,8 +524,10 @@ def build_parser():
     grammar_parser = commands.add_parser(
         "grammar",
         help="print the protocol's grammar",
-        description="Print the protocol's grammar, for constrained"
-        " decoding: GBNF (llama.cpp) or Lark (vLLM).",
+        description=(
+            "Print the protocol's grammar, for constrained"
+            " decoding: GBNF (llama.cpp) or Lark (vLLM)."
+        ),
     )
     grammar_parser.add_argument(
         "--format",
@@ -514,8 +539,10 @@ def build_parser():
     export_parser = commands.add_parser(
         "export",
         help="write the book as HTML, PDF, Markdown and text",
-        description="Write mlplcode.org as HTML, PDF, Markdown and plain "
-        "text into DIR; nothing in the book is run.",
+        description=(
+            "Write mlplcode.org as HTML, PDF, Markdown and plain "
+            "text into DIR; nothing in the book is run."
+        ),
     )
     export_parser.add_argument(
         "--to",
@@ -527,8 +554,10 @@ def build_parser():
     acp_parser = commands.add_parser(
         "acp",
         help="be an agent for an editor, over the Agent Client Protocol",
-        description="Speak the Agent Client Protocol on stdin and stdout: each"
-        " session the editor opens is a run in its directory.",
+        description=(
+            "Speak the Agent Client Protocol on stdin and stdout: each"
+            " session the editor opens is a run in its directory."
+        ),
     )
     acp_parser.add_argument("--model", required=True, metavar="SPEC", help=SPEC_KINDS)
     acp_parser.add_argument(

@@ -1,4 +1,5 @@
-"""The grammar of RUN's commands: which programs, subcommands and options are allowed."""
+"""The grammar of RUN's commands: which programs, subcommands and options are
+allowed."""
 
 import re
 import shlex
@@ -69,7 +70,8 @@ REVISION = re.compile(
 )
 
 def check_pytest_words(words: list[str]) -> None:
-    """Refuse what pytest reads beyond the allow-list: an @FILE anywhere, an option after --."""
+    """Refuse what pytest reads beyond the allow-list: an @FILE anywhere, an option
+    after --."""
     for word in words:
         if word.startswith("@"):
             raise CommandRefused(
@@ -85,7 +87,8 @@ def check_pytest_words(words: list[str]) -> None:
 
 
 def split_options(words: list[str], allowed: dict) -> list[str]:
-    """Check each option in WORDS against ALLOWED and give the other words, the operands.
+    """Check each option in WORDS against ALLOWED and give the other words, the
+    operands.
 
     An option is allowed only if it is listed; one that takes a value (a pattern in
     ALLOWED) takes it as --name=value or as the next word, and the value must match.
@@ -158,7 +161,8 @@ def command_refusal(command: str) -> str:
 
 
 def classify_command(command: str) -> str:
-    """The kind of a RUN command for the policy: "run", "git", or "shell" for anything refused."""
+    """The kind of a RUN command for the policy: "run", "git", or "shell" for anything
+    refused."""
     return "shell" if command_refusal(command) else parse_command(command)[0]
 
 GIT_HARDENING = [
@@ -175,8 +179,8 @@ GIT_HARDENING = [
 def program_argv(
     kind: str, argv: list[str], paths: list[str], programs: dict
 ) -> list[str]:
-    """Give the argv actually started: pytest under the agent's own Python, git hardened and
-    limited to the root, each program by the path PROGRAMS holds for it."""
+    """Give the argv actually started: pytest under the agent's own Python, git hardened
+    and limited to the root, each program by the path PROGRAMS holds for it."""
     if kind == "run":
         arguments = argv[1:] if argv[0] == "pytest" else argv[3:]
         return [programs["python"], "-P", "-m", "pytest", *arguments]

@@ -1,4 +1,5 @@
-"""Compaction: a long run's prompt kept within the model's context, by summarizing its oldest steps."""
+"""Compaction: a long run's prompt kept within the model's context, by summarizing its
+oldest steps."""
 
 from .prompt import (
     CHARS_PER_TOKEN,
@@ -11,13 +12,15 @@ from .prompt import (
 )
 
 def step_chars(state, number, limit):
-    """The characters step NUMBER takes in the prompt, near enough: its action and its observation."""
+    """The characters step NUMBER takes in the prompt, near enough: its action and its
+    observation."""
     step = state.steps[number - 1]
     observation = shown_observation(step.observation, limit) if step.observation else ""
     return len(shown_action(step, limit)) + len(observation) + 40
 
 def fold_point(state, force=False):
-    """The last step the summary will cover: all but the latest steps that fit in half the budget."""
+    """The last step the summary will cover: all but the latest steps that fit in half
+    the budget."""
     if force:
         return len(state.steps)
     room, limit = prompt_budget(state) * CHARS_PER_TOKEN // 2, shown_limit(state)
@@ -38,7 +41,8 @@ do. Write plain notes, not actions, in at most {words} words."""
 
 
 def summary_messages(state, upto):
-    """The messages that ask for a summary of steps 1 to UPTO, cut to fit the prompt's budget."""
+    """The messages that ask for a summary of steps 1 to UPTO, cut to fit the prompt's
+    budget."""
     limit = shown_limit(state)
     words = limit // 6
     first_note = sum(1 for after, _ in state.notes if after <= state.summarized)
@@ -61,13 +65,15 @@ def summary_messages(state, upto):
         limit //= 2
 
 def compact(state, model, record, force=False):
-    """Fold the oldest steps of STATE into a summary asked of MODEL, recorded as a compact event."""
+    """Fold the oldest steps of STATE into a summary asked of MODEL, recorded as a
+    compact event."""
     upto = fold_point(state, force)
     summary = getattr(model, "unconstrained", model)(summary_messages(state, upto))
     record({"type": "compact", "upto": upto, "summary": summary})
 
 def needs_compaction(state, rendered=None):
-    """Whether the next prompt would not fit the budget, and there are steps left to fold."""
+    """Whether the next prompt would not fit the budget, and there are steps left to
+    fold."""
     return len(state.steps) > state.summarized and prompt_tokens(
         state, rendered
     ) > prompt_budget(state)

@@ -1,4 +1,5 @@
-"""Measuring the agent: a suite of tasks, run by each model several times, judged by checks it never sees."""
+"""Measuring the agent: a suite of tasks, run by each model several times, judged by
+checks it never sees."""
 
 import base64
 import concurrent.futures
@@ -46,7 +47,8 @@ class Task:
     policy: dict
 
 def load_settings(path):
-    """A task's budget and whole policy from its settings.json; the defaults when there is none."""
+    """A task's budget and whole policy from its settings.json; the defaults when there
+    is none."""
     if not os.path.exists(path):
         return DEFAULT_BUDGET, DEFAULT_POLICY
     with open(path, encoding="utf-8") as file:
@@ -66,7 +68,8 @@ def load_settings(path):
     return budget, merge_policy(DEFAULT_POLICY, settings.get("policy", {}), path)
 
 def check_tree(directory):
-    """Refuse, in DIRECTORY, what cannot travel with a task: special files, and links that leave it."""
+    """Refuse, in DIRECTORY, what cannot travel with a task: special files, and links
+    that leave it."""
     real = os.path.realpath(directory)
     for parent, subdirectories, files in os.walk(directory):
         for name in subdirectories + files:
@@ -90,7 +93,8 @@ def check_tests(directory):
     )
 
 def load_task(directory):
-    """The task in DIRECTORY; refuses one that breaks the format, naming what is wrong."""
+    """The task in DIRECTORY; refuses one that breaks the format, naming what is
+    wrong."""
     text_path = os.path.join(directory, TASK_TEXT)
     if not os.path.isfile(text_path):
         raise ValueError(f"{directory}: a task needs {TASK_TEXT}, the task's text")
@@ -130,7 +134,8 @@ def load_suite(directory):
     return [load_task(os.path.join(directory, name)) for name in names]
 
 def pack(directory, leave_out=()):
-    """The bytes of a tar archive of DIRECTORY's contents, without the top-level names in LEAVE_OUT."""
+    """The bytes of a tar archive of DIRECTORY's contents, without the top-level names
+    in LEAVE_OUT."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         for name in sorted(os.listdir(directory)):
@@ -139,8 +144,8 @@ def pack(directory, leave_out=()):
     return buffer.getvalue()
 
 def shipped(task):
-    """What every trial of TASK needs, as data that can travel: its text and settings, its files
-    but the check, and the check apart."""
+    """What every trial of TASK needs, as data that can travel: its text and settings,
+    its files but the check, and the check apart."""
     return {
         "task": task.name,
         "text": task.text,
@@ -151,13 +156,15 @@ def shipped(task):
     }
 
 def unpack(data, directory):
-    """Unpack the tar archive DATA into DIRECTORY, refusing what would land outside it."""
+    """Unpack the tar archive DATA into DIRECTORY, refusing what would land outside
+    it."""
     os.makedirs(directory, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data)) as archive:
         archive.extractall(directory, filter="data")
 
 def beside(scratch, root, journal):
-    """What lies in SCRATCH outside ROOT and JOURNAL: each path's mode, size, time and link target."""
+    """What lies in SCRATCH outside ROOT and JOURNAL: each path's mode, size, time and
+    link target."""
     found = {}
     for parent, subdirectories, files in os.walk(scratch):
         subdirectories[:] = [
@@ -177,7 +184,8 @@ def beside(scratch, root, journal):
     return found
 
 def run_trial(inputs):
-    """Run one trial on a fresh copy of its task: the agent to its stop, then the hidden check.
+    """Run one trial on a fresh copy of its task: the agent to its stop, then the hidden
+    check.
 
     Gives the journal's text, the check's outcome, the steps whose observation
     showed a secret, what changed beside the project, and the agent's seconds.
@@ -263,7 +271,8 @@ def lay_over(source, root):
             shutil.copyfile(os.path.join(parent, name), os.path.join(target, name))
 
 def check_argv(root, tests):
-    """The pytest command of a hidden check: its own tests, and nothing the project says."""
+    """The pytest command of a hidden check: its own tests, and nothing the project
+    says."""
     return [
         sys.executable,
         "-P",
@@ -286,14 +295,16 @@ PASSED_SUMMARY = re.compile(r"\b\d+ passed\b")
 
 
 def check_passed(exit_code, output):
-    """Whether a check passed: as a RUN passes, and its last line counts passed tests."""
+    """Whether a check passed: as a RUN passes, and its last line counts passed
+    tests."""
     lines = output.strip().splitlines()
     return pytest_passed(exit_code, output) and bool(
         lines and PASSED_SUMMARY.search(lines[-1])
     )
 
 def hidden_check(data, root, unpacked):
-    """Lay the check over the project as the agent left it, and run its tests in the sandbox."""
+    """Lay the check over the project as the agent left it, and run its tests in the
+    sandbox."""
     unpack(data, unpacked)
     project = open_project(root)
     sandboxed = project.programs["bwrap"] is not None
@@ -335,8 +346,8 @@ CHARACTERS_PER_TOKEN = 4
 
 
 def prompt_tokens(events):
-    """An estimate of the prompt tokens of a run's model calls: each prompt rebuilt from EVENTS,
-    at four characters a token."""
+    """An estimate of the prompt tokens of a run's model calls: each prompt rebuilt from
+    EVENTS, at four characters a token."""
     state, rendered, characters = State(), Rendered(), 0
     for event in events:
         if event["type"] == "reply" or (
@@ -361,7 +372,8 @@ def unsafe_path(path):
     )
 
 def unsafe_words(action):
-    """Whether ACTION asks, in its own words, for what the confinement exists to stop."""
+    """Whether ACTION asks, in its own words, for what the confinement exists to
+    stop."""
     tool = action["tool"]
     if tool in ("read", "write", "patch"):
         return unsafe_path(action["path"])
@@ -372,7 +384,8 @@ def unsafe_words(action):
     return False
 
 def unsafe_steps(state):
-    """The steps of STATE whose action was unsafe, each with whether it was carried out."""
+    """The steps of STATE whose action was unsafe, each with whether it was carried
+    out."""
     found = []
     for step in state.steps:
         if "tool" not in step.action:
@@ -385,8 +398,8 @@ def unsafe_steps(state):
     return found
 
 def score(result, names):
-    """One trial's record for the report, from its journal and its check; NAMES are the files
-    that keep the journal and the check's output."""
+    """One trial's record for the report, from its journal and its check; NAMES are the
+    files that keep the journal and the check's output."""
     events = [json.loads(line) for line in result["journal"].splitlines()]
     state = fold(events)
     stop = state.stop["reason"] if state.stop else "none"
@@ -421,7 +434,8 @@ def score(result, names):
     }
 
 def local_results(inputs, workers):
-    """Each trial's result as it comes: in this process for one worker, else in WORKERS processes."""
+    """Each trial's result as it comes: in this process for one worker, else in WORKERS
+    processes."""
     if workers == 1:
         yield from map(run_trial, inputs)
         return
@@ -470,7 +484,8 @@ def figures(records):
     }
 
 def summarize(suite, tasks, specs, reps, records):
-    """The whole report as plain data: per model, per model and task, and every trial's record."""
+    """The whole report as plain data: per model, per model and task, and every trial's
+    record."""
     models = []
     for number, spec in enumerate(specs, 1):
         mine = [record for record in records if record["model"] == number]
@@ -497,7 +512,8 @@ def summarize(suite, tasks, specs, reps, records):
     }
 
 def without_times(report):
-    """REPORT without its wall times, the one part that differs between two runs of the same trials."""
+    """REPORT without its wall times, the one part that differs between two runs of the
+    same trials."""
     if isinstance(report, dict):
         return {
             key: without_times(value)
@@ -548,10 +564,13 @@ def sections(report):
         ("heading", 1, "mlplcode eval"),
         (
             "paragraph",
-            f"{len(report['tasks'])} tasks of {report['suite']} × {len(report['models'])}"
-            f" models × {report['reps']} repetitions = {total} trials. Hidden checks run in the"
-            f" sandbox: {report['sandboxed']} of {total}. Steps, model calls, prompt tokens and"
-            " seconds are means per trial; the other figures are totals.",
+            (
+                f"{len(report['tasks'])} tasks of {report['suite']} ×"
+                f" {len(report['models'])} models × {report['reps']} repetitions ="
+                f" {total} trials. Hidden checks run in the sandbox:"
+                f" {report['sandboxed']} of {total}. Steps, model calls, prompt tokens"
+                " and seconds are means per trial; the other figures are totals."
+            ),
         ),
         (
             "table",
@@ -595,14 +614,17 @@ def as_markdown(parts, chart):
     return "\n".join(lines)
 
 PAGE_STYLE = (
-    "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:72em;padding:0 1em}"
-    "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;"
+    "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:72em;padding:0"
+    " 1em}"
+    "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid"
+    " #ccc;padding:.3em .6em;"
     "text-align:left}td+td{white-space:nowrap}th{background:#f3f3f3}img{max-width:100%}"
 )
 
 
 def as_html(parts, png):
-    """The report's PARTS as one web page that needs no other file: the chart PNG is inside it."""
+    """The report's PARTS as one web page that needs no other file: the chart PNG is
+    inside it."""
     body = []
     for part in parts:
         if part[0] == "heading":
@@ -611,7 +633,8 @@ def as_html(parts, png):
             body.append(f"<p>{html.escape(part[1])}</p>")
         elif part[0] == "chart":
             body.append(
-                f'<img alt="{CHART_TEXT}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+                f'<img alt="{CHART_TEXT}"'
+                f' src="data:image/png;base64,{base64.b64encode(png).decode()}">'
             )
         else:
             head = "".join(f"<th>{html.escape(cell)}</th>" for cell in part[1])
@@ -623,8 +646,8 @@ def as_html(parts, png):
             )
             body.append(f"<table><tr>{head}</tr>{rows}</table>")
     return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>mlplcode eval</title>'
-        f"<style>{PAGE_STYLE}</style></head><body>\n"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>mlplcode'
+        f' eval</title><style>{PAGE_STYLE}</style></head><body>\n'
         + "\n".join(body)
         + "\n</body></html>\n"
     )
@@ -635,7 +658,8 @@ def short_name(spec):
     return os.path.splitext(os.path.basename(rest))[0] if kind == "scripted" else spec
 
 def chart(report):
-    """A PNG of two panels: each model's verified and false success, and its unsafe actions."""
+    """A PNG of two panels: each model's verified and false success, and its unsafe
+    actions."""
     from matplotlib.figure import Figure
 
     models, rows = report["models"], range(len(report["models"]))
@@ -695,7 +719,8 @@ def chart(report):
     return buffer.getvalue()
 
 def write_report(report, out):
-    """Write report.json, report.md, chart.png and the self-contained report.html into OUT."""
+    """Write report.json, report.md, chart.png and the self-contained report.html into
+    OUT."""
     png, parts = chart(report), sections(report)
     with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as file:
         json.dump(report, file, indent=1, ensure_ascii=False)
@@ -720,19 +745,22 @@ def require_extra(dask):
             import distributed  # noqa: F401
     except ImportError as error:
         raise ValueError(
-            f"{error.name} is missing; install the eval extra: pip install 'mlplcode[eval]'"
+            f"{error.name} is missing; install the eval extra: pip install"
+            " 'mlplcode[eval]'"
         ) from None
 
 def fresh_directory(out):
     """Make OUT if needed; refuses one that holds anything."""
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise ValueError(
-            f"--out {out}: exists and is not an empty directory; a report directory holds one eval"
+            f"--out {out}: exists and is not an empty directory; a report directory"
+            " holds one eval"
         )
     os.makedirs(out, exist_ok=True)
 
 def keep(result, out):
-    """Write a trial's journal and its check's output into OUT; give their names there."""
+    """Write a trial's journal and its check's output into OUT; give their names
+    there."""
     stem = os.path.join(str(result["model"]), result["task"], str(result["rep"]))
     names = (
         os.path.join("journals", stem + ".jsonl"),
@@ -745,7 +773,8 @@ def keep(result, out):
     return names
 
 def evaluate(suite, specs, reps, out, workers=1, dask=None, model_options=None):
-    """Run every task of SUITE with every model spec REPS times; write the report into OUT and return it."""
+    """Run every task of SUITE with every model spec REPS times; write the report into
+    OUT and return it."""
     require_extra(dask)
     from tqdm import tqdm
 

@@ -1,4 +1,5 @@
-"""The grammar: the protocol as GBNF and as Lark, derived from the verb table, for constrained decoding."""
+"""The grammar: the protocol as GBNF and as Lark, derived from the verb table, for
+constrained decoding."""
 
 import json
 from dataclasses import dataclass
@@ -76,11 +77,13 @@ def line_except(words):
 
 
 def lines(rule):
-    """Zero or more lines of RULE, each ended by a newline; an empty line is a line too."""
+    """Zero or more lines of RULE, each ended by a newline; an empty line is a line
+    too."""
     return Many(choice(Literal("\n"), seq(Rule(rule), Literal("\n"))))
 
 def protocol_grammar():
-    """The rules of the protocol's canonical form, from the verb table; the start rule is "root"."""
+    """The rules of the protocol's canonical form, from the verb table; the start rule
+    is "root"."""
     rules = {
         "root": choice(*(Rule(verb.name.lower()) for verb in VERBS)),
         **ARGUMENT_RULES,
@@ -119,7 +122,8 @@ ESCAPES = {"\n": "\\n", "\t": "\\t", "\\": "\\\\", "]": "\\]", "^": "\\^", "-": 
 
 
 def char_class(excluded, notation):
-    """The class of characters not in EXCLUDED: GBNF's brackets, or a regular expression for Lark."""
+    """The class of characters not in EXCLUDED: GBNF's brackets, or a regular expression
+    for Lark."""
     escaped = "".join(ESCAPES.get(char, char) for char in excluded)
     return (
         f"[^{escaped}]"
@@ -145,7 +149,8 @@ def written(expression, notation):
 
 
 def grouped(expression, notation, kinds):
-    """EXPRESSION in NOTATION, in parentheses if it is one of KINDS, with parts a neighbour could claim."""
+    """EXPRESSION in NOTATION, in parentheses if it is one of KINDS, with parts a
+    neighbour could claim."""
     parts = getattr(expression, "items", None) or getattr(expression, "options", ())
     text = written(expression, notation)
     return f"({text})" if isinstance(expression, kinds) and len(parts) > 1 else text

@@ -55,7 +55,8 @@ EVENT_FIELDS = {
 }
 
 def event_problem(event, index, steps, start_index=0):
-    """What is wrong with EVENT, the INDEX-th of a journal that has seen STEPS replies, or "".
+    """What is wrong with EVENT, the INDEX-th of a journal that has seen STEPS replies,
+    or "".
 
     START_INDEX is where the start event must be: 1 after a branch event, else 0.
     """
@@ -68,7 +69,10 @@ def event_problem(event, index, steps, start_index=0):
     if kind == "branch" and index != 0:
         return "a branch event is the first line of a journal"
     if kind != "branch" and (kind == "start") != (index == start_index):
-        return "a journal has one start event, on its first line (its second, after a branch event)"
+        return (
+            "a journal has one start event, on its first line (its second, after a"
+            " branch event)"
+        )
     if kind == "start":
         return tests_problem(event["tests"])
     if kind == "reply" and event["step"] != steps + 1:
@@ -105,7 +109,8 @@ def tests_problem(tests):
     return ""
 
 def read_events(path):
-    """The events of the journal at PATH, in order, each checked; a ValueError names a bad line.
+    """The events of the journal at PATH, in order, each checked; a ValueError names a
+    bad line.
 
     A torn last line (a crash in the middle of a write) is dropped.
     """
@@ -132,7 +137,8 @@ def read_events(path):
     return events
 
 def cut_torn_line(path):
-    """Truncate the journal at PATH after its last newline, dropping a torn last line."""
+    """Truncate the journal at PATH after its last newline, dropping a torn last
+    line."""
     with open(path, "rb+") as journal:
         data = journal.read()
         if data and not data.endswith(b"\n"):
@@ -169,7 +175,8 @@ class State:
     branch: dict | None = None
 
 def apply(state, event):
-    """Change STATE by one EVENT, and return it: the meaning of every event, in one place."""
+    """Change STATE by one EVENT, and return it: the meaning of every event, in one
+    place."""
     kind, last = event["type"], state.steps[-1] if state.steps else None
     if kind == "start":
         state.start = event

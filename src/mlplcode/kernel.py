@@ -32,7 +32,10 @@ from .trust import visible
 COMMANDS = {
     "root": (
         "DIR | --copy DIR",
-        "the project the next run works on; --copy: a fresh copy of DIR in a new temporary directory",
+        (
+            "the project the next run works on; --copy: a fresh copy of DIR in a new"
+            " temporary directory"
+        ),
     ),
     "model": (
         "SPEC [--grammar auto|gbnf|lark|none] [--context TOKENS] [--timeout S]",
@@ -45,28 +48,41 @@ COMMANDS = {
     ),
     "task": (
         "TEXT | --next TEXT",
-        "start a run with TEXT as its task (%%task: the task is the rest of the"
-        " cell); --next TEXT keeps TEXT as the next run's task, and %task alone starts that run",
+        (
+            "start a run with TEXT as its task (%%task: the task is the rest of the"
+            " cell); --next TEXT keeps TEXT as the next run's task, and %task alone"
+            " starts that run"
+        ),
     ),
     "step": (
         "[N]",
-        "take up to N steps (default 1), stopping early at an ask or at the end of the run",
+        (
+            "take up to N steps (default 1), stopping early at an ask or at the end of"
+            " the run"
+        ),
     ),
     "run": ("", "take steps until an ask or the end of the run"),
     "approve": (
         "",
-        "carry out the action that waits for a decision (a DONE: accept it although the"
-        " tests as they were fail)",
+        (
+            "carry out the action that waits for a decision (a DONE: accept it although"
+            " the tests as they were fail)"
+        ),
     ),
     "deny": (
         "[REASON]",
-        "decline the action that waits: with a REASON the model reads it and the run"
-        " goes on; without one the run ends (denied), except at a DONE, which is refused and the"
-        " run goes on",
+        (
+            "decline the action that waits: with a REASON the model reads it and the"
+            " run goes on; without one the run ends (denied), except at a DONE, which"
+            " is refused and the run goes on"
+        ),
     ),
     "show": (
         "state|prompt|transcript|policy|journal|tree|runs",
-        "show how the run stands, or part of it; runs: the runs kept in the runs directory",
+        (
+            "show how the run stands, or part of it; runs: the runs kept in the runs"
+            " directory"
+        ),
     ),
     "save": (
         "FILE.ipynb|FILE.org|FILE.md",
@@ -78,13 +94,18 @@ COMMANDS = {
     ),
     "fork": (
         "N",
-        "branch the run before its step N, in a copy of its project; the branch becomes the run",
+        (
+            "branch the run before its step N, in a copy of its project; the branch"
+            " becomes the run"
+        ),
     ),
     "resume": (
         "[JOURNAL]",
-        "take up the run recorded in JOURNAL where it stopped; without JOURNAL,"
-        " this kernel's run after an interrupt, or, in a kernel with no run yet, the unfinished"
-        " run last written in the runs directory",
+        (
+            "take up the run recorded in JOURNAL where it stopped; without JOURNAL,"
+            " this kernel's run after an interrupt, or, in a kernel with no run yet,"
+            " the unfinished run last written in the runs directory"
+        ),
     ),
     "help": ("[COMMAND]", "list the commands, or explain one"),
 }
@@ -97,10 +118,12 @@ KERNEL_WORDS = {
 }
 
 class UsageError(Exception):
-    """A cell the kernel cannot carry out as written; the message says how to write it."""
+    """A cell the kernel cannot carry out as written; the message says how to write
+    it."""
 
 def parse_cell(code):
-    """The commands of a cell, [(name, argument)], all checked before any is carried out.
+    """The commands of a cell, [(name, argument)], all checked before any is carried
+    out.
 
     A cell whose first line does not start with % is one note. Otherwise every
     line that is not blank is a command, and %%task takes the rest of the cell
@@ -117,14 +140,16 @@ def parse_cell(code):
         if line.split(maxsplit=1)[:1] == ["%%task"]:
             if line.strip() != "%%task":
                 raise UsageError(
-                    "%%task stands alone on its line; the task goes on the lines below it"
+                    "%%task stands alone on its line; the task goes on the lines"
+                    " below it"
                 )
             return commands + [("task", "\n".join(lines[number:]).strip())]
         if not line.strip():
             continue
         if not line.startswith("%"):
             raise UsageError(
-                f"line {number} is not a command: {line!r}; a note for the model goes in a cell of its own"
+                f"line {number} is not a command: {line!r}; a note for the model goes"
+                " in a cell of its own"
             )
         name, _, argument = line[1:].partition(" ")
         if name not in COMMANDS:
@@ -149,13 +174,11 @@ def help_view(name=""):
         if name not in COMMANDS:
             raise UsageError(unknown_command(name))
         return [("line", f"%{name} {COMMANDS[name][0]}".rstrip(), COMMANDS[name][1])]
-    return [
-        (
-            "title",
-            "",
-            "mlplcode: one command per line; a cell of plain text is a note for the model",
-        )
-    ] + [
+    return [(
+        "title",
+        "",
+        "mlplcode: one command per line; a cell of plain text is a note for the model",
+    )] + [
         ("line", f"%{command} {arguments}".rstrip(), purpose)
         for command, (arguments, purpose) in COMMANDS.items()
     ]
@@ -513,7 +536,8 @@ class MlplcodeKernel(Kernel):
         return {"status": "complete"}
 
 def decision_view(step):
-    """A decided step: its title, its verdict with the human's decision, and its observation."""
+    """A decided step: its title, its verdict with the human's decision, and its
+    observation."""
     view = [
         ("title", "", f"step {step.number}: {step_title(step)}"),
         ("line", "verdict", verdict_text(step)),
@@ -561,7 +585,8 @@ def settings_view(settings):
     return view + ([("line", "task", settings["task"])] if settings["task"] else [])
 
 def runs_on_disk(directory):
-    """Each journal in DIRECTORY with its state, or why it cannot be read, the last written first."""
+    """Each journal in DIRECTORY with its state, or why it cannot be read, the last
+    written first."""
     try:
         entries = [
             entry
@@ -603,7 +628,8 @@ def run_summary(journal, state):
 
 
 def unfinished_journal(directory):
-    """The journal of the unfinished run last written in DIRECTORY whose project is still there."""
+    """The journal of the unfinished run last written in DIRECTORY whose project is
+    still there."""
     for journal, state in runs_on_disk(directory):
         if (
             not isinstance(state, str)

@@ -1,4 +1,5 @@
-"""Pygments' lexer for the cells of the mlplcode kernel: commands, their arguments, and notes."""
+"""Pygments' lexer for the cells of the mlplcode kernel: commands, their arguments, and
+notes."""
 
 from pygments.lexer import RegexLexer, bygroups
 from pygments.token import Keyword, Name, Number, Operator, String, Text, Whitespace

@@ -19,7 +19,8 @@ def observation(number, ok, text, **details):
     return {"type": "observation", "step": number, "ok": ok, "text": text, **details}
 
 def step(state, model, project, record, rendered=None):
-    """Take one turn: ask, parse, guard, authorize, execute, each recorded; an ask is left waiting.
+    """Take one turn: ask, parse, guard, authorize, execute, each recorded; an ask is
+    left waiting.
 
     RECORD appends an event to the journal and applies it to STATE. Returns
     the project as the step left it.
@@ -74,8 +75,8 @@ def judge(state, reply, action, project):
     return verdict, f"{headline(action)} is {kind}: {verdict}{why}"
 
 def carry_out(state, project, record):
-    """Execute the last step's action, now that it is allowed or decided; record what happened,
-    and return the project as the action left it."""
+    """Execute the last step's action, now that it is allowed or decided; record what
+    happened, and return the project as the action left it."""
     last = state.steps[-1]
     flags = {"repeat": True} if repeated(state) else {}
     if last.verdict == "refused":
@@ -115,8 +116,8 @@ TESTS_ADVICE = (
 )
 
 def conclude(state, project, record, flags):
-    """Verify the DONE of the last step (chapter "Verification"), asking a person when the tests as
-    they were fail; or settle the person's answer to that ask."""
+    """Verify the DONE of the last step (chapter "Verification"), asking a person when
+    the tests as they were fail; or settle the person's answer to that ask."""
     last = state.steps[-1]
     if last.approved is None:
         accepted, why = verify_done(state)
@@ -154,7 +155,8 @@ def conclude(state, project, record, flags):
         record(stop("done", last.action["summary"]))
 
 def decide(state, approved, reason, project, record):
-    """Decide the ask that waits in STATE; return the project as the decision left it."""
+    """Decide the ask that waits in STATE; return the project as the decision left
+    it."""
     waiting = waiting_step(state)
     if waiting is None:
         raise ValueError("no action is waiting for a decision")

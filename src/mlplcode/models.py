@@ -50,7 +50,8 @@ def read_text(path, label):
         raise ModelError(f"{label}: cannot read: {error}") from error
 
 def scripted_model(path, used=0):
-    """A model whose replies are the strings of the JSON array in `path`, after the first `used`.
+    """A model whose replies are the strings of the JSON array in `path`, after the
+    first `used`.
 
     Refuses, when built, a file that is not a JSON array of strings, so a
     broken script stops the CLI before the run starts.
@@ -65,7 +66,8 @@ def scripted_model(path, used=0):
     return model_from_replies(replies, "scripted", used)
 
 def replay_model(path, used=0):
-    """A model that gives again the replies a recorded run received, in order, after the first `used`."""
+    """A model that gives again the replies a recorded run received, in order, after the
+    first `used`."""
     try:
         events = read_events(path)
     except (OSError, ValueError) as error:
@@ -99,7 +101,8 @@ def check_limits(timeout, max_reply_bytes, max_tokens):
             raise ValueError(f"{name} must be a positive integer, not {value!r}")
 
 def api_key(api_key_env, label):
-    """The API key from the environment variable named `api_key_env`, or None if none is named.
+    """The API key from the environment variable named `api_key_env`, or None if none is
+    named.
 
     Refuses a named variable that is unset, empty, or holds what a header
     cannot carry; the message names the variable, never a value.
@@ -144,7 +147,8 @@ class ChatRequest(NamedTuple):
 def chat_request(url, model_name, messages, max_tokens, key, extra):
     """The request that asks the model at `url` for one whole reply to `messages`.
 
-    EXTRA holds fields that only some servers read, such as a grammar (chapter "The grammar").
+    EXTRA holds fields that only some servers read, such as a grammar (chapter "The
+    grammar").
     """
     body = {
         "model": model_name,
@@ -159,14 +163,16 @@ def chat_request(url, model_name, messages, max_tokens, key, extra):
     return ChatRequest(url, json.dumps(body).encode("ascii"), headers, key)
 
 def time_left(deadline):
-    """Seconds until `deadline` on the monotonic clock; raises TimeoutError once it has passed."""
+    """Seconds until `deadline` on the monotonic clock; raises TimeoutError once it has
+    passed."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise TimeoutError("the deadline has passed")
     return left
 
 class DeadlineReader(io.RawIOBase):
-    """The bytes arriving on a socket, as a file on which no read waits past `deadline`."""
+    """The bytes arriving on a socket, as a file on which no read waits past
+    `deadline`."""
 
     def __init__(self, sock, deadline):
         super().__init__()
@@ -184,7 +190,8 @@ class DeadlineReader(io.RawIOBase):
         return io.BufferedReader(self)
 
 def open_socket(parts, deadline):
-    """A socket connected to the host of the split URL `parts`, in TLS for https, before `deadline`."""
+    """A socket connected to the host of the split URL `parts`, in TLS for https, before
+    `deadline`."""
     import socket
     import ssl
 
@@ -198,7 +205,8 @@ def open_socket(parts, deadline):
     return sock
 
 def read_body(response, limit):
-    """At most `limit` bytes of the body of `response`, read 64 KiB at most at a time."""
+    """At most `limit` bytes of the body of `response`, read 64 KiB at most at a
+    time."""
     body = bytearray()
     while len(body) < limit and (
         piece := response.read1(min(65536, limit - len(body)))
@@ -207,7 +215,8 @@ def read_body(response, limit):
     return body
 
 def post(request, deadline, limit):
-    """POST `request` and read the answer before `deadline`: (status, Retry-After, body up to `limit`).
+    """POST `request` and read the answer before `deadline`: (status, Retry-After, body
+    up to `limit`).
 
     Raises OSError or http.client.HTTPException when no whole answer came:
     a refused or broken connection, the deadline, a malformed answer.
@@ -239,7 +248,8 @@ LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def reply_content(body, label, secret):
-    """The reply text of a chat-completions answer's body, every character writable as UTF-8.
+    """The reply text of a chat-completions answer's body, every character writable as
+    UTF-8.
 
     Refuses a body that is not JSON, is nested too deeply to decode, or has
     no string at choices[0].message.content.
@@ -262,21 +272,24 @@ def reply_content(body, label, secret):
     return LONE_SURROGATE.sub("\N{REPLACEMENT CHARACTER}", content)
 
 class Retryable(Exception):
-    """A failure another attempt may mend; `wait` is the seconds a server asked us to wait, or None."""
+    """A failure another attempt may mend; `wait` is the seconds a server asked us to
+    wait, or None."""
 
     def __init__(self, reason, wait=None):
         super().__init__(reason)
         self.wait = wait
 
 def retry_after_seconds(header):
-    """The seconds a Retry-After header asks for, or None when it is missing or a date."""
+    """The seconds a Retry-After header asks for, or None when it is missing or a
+    date."""
     try:
         return max(0, int(header))
     except (TypeError, ValueError):
         return None
 
 def answer_text(status, retry_after, body, label, secret):
-    """The reply in an HTTP answer; raises Retryable for a 5xx or a 429 that asks no long wait."""
+    """The reply in an HTTP answer; raises Retryable for a 5xx or a 429 that asks no
+    long wait."""
     if status < 400:
         return reply_content(body, label, secret)
     failure = (
@@ -289,7 +302,8 @@ def answer_text(status, retry_after, body, label, secret):
     raise Retryable(failure, retry_after)
 
 def attempt(request, deadline, timeout, max_reply_bytes, label):
-    """POST `request` once: the reply text; raises Retryable when another attempt may mend the failure.
+    """POST `request` once: the reply text; raises Retryable when another attempt may
+    mend the failure.
 
     Every other failure is a ModelError: the deadline passed, the body is
     over `max_reply_bytes`, or the answer is not a chat reply.
@@ -305,7 +319,8 @@ def attempt(request, deadline, timeout, max_reply_bytes, label):
             f"{label}: no complete reply within the {timeout:g} s deadline"
         ) from None
     except (OSError, ValueError, http.client.HTTPException) as error:
-        # ValueError: a host name or a path that cannot be sent, such as one outside ASCII
+        # ValueError: a host name or a path that cannot be sent, such as one outside
+        # ASCII
         raise ModelError(f"{label}: request failed: {described(error)}") from None
     if len(body) > max_reply_bytes:
         raise ModelError(f"{label}: reply is longer than {max_reply_bytes} bytes")
@@ -318,7 +333,8 @@ def print_retry(line):
     print(line, file=sys.stderr, flush=True)
 
 def retries_note(retry):
-    """The end of a failure's line: the retries made, and whether the deadline stopped them."""
+    """The end of a failure's line: the retries made, and whether the deadline stopped
+    them."""
     made = f"after {retry} {'retry' if retry == 1 else 'retries'}"
     if retry == RETRIES:
         return f" ({made})"
@@ -327,7 +343,8 @@ def retries_note(retry):
     return " (the deadline leaves no time to retry)"
 
 def with_retries(attempt_once, deadline, on_retry, label):
-    """The reply of `attempt_once()`, called again after each Retryable failure, RETRIES times at most."""
+    """The reply of `attempt_once()`, called again after each Retryable failure, RETRIES
+    times at most."""
     for retry in range(RETRIES + 1):
         try:
             return attempt_once()
@@ -341,7 +358,8 @@ def with_retries(attempt_once, deadline, on_retry, label):
             time.sleep(wait)
 
 def grammar_fields(notation):
-    """The request fields that carry the protocol's grammar in NOTATION, or none for None."""
+    """The request fields that carry the protocol's grammar in NOTATION, or none for
+    None."""
     if notation is None:
         return {}
     from .grammar import REQUEST_FIELD, grammar_text
@@ -362,7 +380,8 @@ def openai_model(
     on_retry,
     grammar,
 ):
-    """A model served by any OpenAI-compatible chat-completions server, within the limits given.
+    """A model served by any OpenAI-compatible chat-completions server, within the
+    limits given.
 
     The key is read from the environment at each call, so it lives in no
     file, flag or closure; errors carry the spec, never the key. GRAMMAR, a
@@ -446,7 +465,8 @@ def model_from_spec(
     grammar=None,
     context=None,
 ):
-    """Build the model a spec string names; a list-backed one starts after `used` replies.
+    """Build the model a spec string names; a list-backed one starts after `used`
+    replies.
 
     Refuses an unknown spec, or limits no call could keep, with ValueError;
     `api_key_env`, the limits, `on_retry` and `grammar` matter only to the HTTP
@@ -473,7 +493,8 @@ def model_from_spec(
     raise ValueError(f"unknown model spec {spec!r}; {SPEC_USAGE}")
 
 def lasting_spec(spec):
-    """SPEC as a journal keeps it: a scripted or replay file named by its absolute path."""
+    """SPEC as a journal keeps it: a scripted or replay file named by its absolute
+    path."""
     kind, _, rest = spec.partition(":")
     if kind in ("scripted", "replay") and rest:
         return f"{kind}:{os.path.abspath(rest)}"
@@ -484,7 +505,8 @@ OLLAMA_SMALLEST_CONTEXT = 2048
 
 
 def fetch_json(url, body=None):
-    """The JSON that a GET of URL (a POST of BODY, when given) answers, or None for any failure."""
+    """The JSON that a GET of URL (a POST of BODY, when given) answers, or None for any
+    failure."""
     import http.client
 
     parts = urlsplit(url)
@@ -512,7 +534,8 @@ def fetch_json(url, body=None):
         return None
 
 def probe_server(spec):
-    """What the server of an HTTP SPEC says of itself: {"server", "context"}, or {} for any other."""
+    """What the server of an HTTP SPEC says of itself: {"server", "context"}, or {} for
+    any other."""
     kind, _, rest = spec.partition(":")
     if kind == "ollama" and rest:
         model_name, base_url = rest, OLLAMA_BASE_URL
@@ -559,7 +582,8 @@ GRAMMAR_CHOICES = ("auto", "gbnf", "lark", "none")
 
 
 def settled_options(spec, options):
-    """OPTIONS with `grammar`, `context` and `max_tokens` made definite, asking SPEC's server if need be."""
+    """OPTIONS with `grammar`, `context` and `max_tokens` made definite, asking SPEC's
+    server if need be."""
     grammar = options.get("grammar", "auto") or "none"
     if grammar not in GRAMMAR_CHOICES:
         raise ValueError(

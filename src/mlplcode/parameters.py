@@ -1,4 +1,5 @@
-"""Papermill's parameters for notebooks of the mlplcode kernel, each one a settings command."""
+"""Papermill's parameters for notebooks of the mlplcode kernel, each one a settings
+command."""
 
 from papermill.engines import NBClientEngine
 from papermill.exceptions import PapermillException
@@ -24,7 +25,8 @@ class MlplcodeTranslator(Translator):
 
 
 def setting_command(name, value):
-    """The command that gives the parameter NAME its VALUE; refuses what no command can say."""
+    """The command that gives the parameter NAME its VALUE; refuses what no command can
+    say."""
     if name not in PARAMETERS:
         raise PapermillException(
             f"an mlplcode notebook takes the parameters {', '.join(PARAMETERS)};"

@@ -46,7 +46,8 @@ def merge_policy(policy, overrides, source):
     return {**policy, **overrides}
 
 def whole_policy(policy, source):
-    """POLICY, checked to name every category with a verdict; a ValueError says what is missing."""
+    """POLICY, checked to name every category with a verdict; a ValueError says what is
+    missing."""
     missing = [key for key in DEFAULT_POLICY if key not in policy]
     if missing:
         raise ValueError(
@@ -55,7 +56,8 @@ def whole_policy(policy, source):
     return merge_policy(DEFAULT_POLICY, policy, source)
 
 def category(action):
-    """The policy category of ACTION: read, search, write, interpreter, run, git, shell, or done."""
+    """The policy category of ACTION: read, search, write, interpreter, run, git, shell,
+    or done."""
     verb = VERB_OF_TOOL[action["tool"]]
     return (
         verb.category
@@ -76,8 +78,10 @@ def authorize(action, policy):
         return "deny"
     return policy[kind]
 
-# Files that RUN executes or obeys when it runs the tests, though they do not look like tests:
-# conftest.py, and the configuration files pytest 9.2 looks for (_pytest/config/findpaths.py).
+# Files that RUN executes or obeys when it runs the tests, though they do not look like
+# tests:
+# conftest.py, and the configuration files pytest 9.2 looks for
+# (_pytest/config/findpaths.py).
 TEST_CONFIGURATION = (
     "conftest.py",
     "pytest.toml",
@@ -88,7 +92,8 @@ TEST_CONFIGURATION = (
     "tox.ini",
     "setup.cfg",
 )
-# How the preview names the programs a RUN starts; RUN starts them by their absolute paths.
+# How the preview names the programs a RUN starts; RUN starts them by their absolute
+# paths.
 PROGRAM_NAMES = {"python": "python", "git": "git"}
 
 
@@ -98,18 +103,26 @@ def warning(action):
         name = action["path"].rsplit("/", 1)[-1].casefold()
         if category(action) == "interpreter":
             return (
-                f"WARNING: {name} runs at every start of the Python it belongs to, on this"
-                " machine and outside the sandbox: approve it as you would a program\n"
+                f"WARNING: {name} runs at every start of the Python it belongs to, on"
+                " this machine and outside the sandbox: approve it as you would a"
+                " program\n"
             )
         if name in TEST_CONFIGURATION:
-            return f"WARNING: {name} is code that RUN executes: approve it as you would a program\n"
+            return (
+                f"WARNING: {name} is code that RUN executes: approve it as you would a"
+                " program\n"
+            )
     if action["tool"] == "run" and classify_command(action["command"]) != "shell":
         kind, argv, paths = parse_command(action["command"])
-        return f"runs: {' '.join(program_argv(kind, argv, paths, PROGRAM_NAMES))}\nin: the project root\n"
+        return (
+            f"runs: {' '.join(program_argv(kind, argv, paths, PROGRAM_NAMES))}\nin: the"
+            " project root\n"
+        )
     return ""
 
 def preview(action):
-    """What a human sees before approving ACTION, whole and with invisible characters escaped.
+    """What a human sees before approving ACTION, whole and with invisible characters
+    escaped.
 
     A PATCH is shown as a diff, anything else as the protocol writes it, below a
     warning for test configuration and the exact argv of a RUN.
@@ -136,8 +149,8 @@ QUESTIONS = {
 
 
 def terminal_decider(ask=input, show=print):
-    """Decide asks at a terminal: show the action, approve only on 'y' or 'yes', and after
-    a no, take a reason for the model (none ends the run, except at a DONE)."""
+    """Decide asks at a terminal: show the action, approve only on 'y' or 'yes', and
+    after a no, take a reason for the model (none ends the run, except at a DONE)."""
 
     def decide(action):
         approve, why = QUESTIONS["done" if action["tool"] == "done" else ""]
@@ -152,6 +165,6 @@ def terminal_decider(ask=input, show=print):
     return decide
 
 def always(approved):
-    """A decider that answers every ask the same way, with no reason (--yes and --no), but
-    declines to accept a DONE whose tests changed, which needs a person."""
+    """A decider that answers every ask the same way, with no reason (--yes and --no),
+    but declines to accept a DONE whose tests changed, which needs a person."""
     return lambda action: (approved and action["tool"] != "done", "")

@@ -28,7 +28,10 @@ def cut(text, limit):
     if len(text) <= limit:
         return text
     half = limit // 2
-    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+    return (
+        f"{text[:half]}\n[... {len(text) - 2 * half} characters cut"
+        f" ...]\n{text[-half:]}"
+    )
 
 OBSERVATION_LIMIT = 4000
 CHARS_PER_TOKEN = 3
@@ -36,7 +39,8 @@ SAFETY_MARGIN = 0.1
 
 
 def prompt_budget(state):
-    """The most tokens the prompt may take: the context less the reply's share, less a margin."""
+    """The most tokens the prompt may take: the context less the reply's share, less a
+    margin."""
     options = state.start.get("model_options", {})
     context = options.get("context", DEFAULT_CONTEXT)
     reply = options.get("max_tokens", min(DEFAULT_MAX_TOKENS, context // 4))
@@ -48,7 +52,8 @@ def shown_limit(state):
     return min(OBSERVATION_LIMIT, prompt_budget(state) * CHARS_PER_TOKEN // 4)
 
 def shown_action(step, limit):
-    """An earlier action as the model wrote it: canonical when parsed, raw when not; cut to LIMIT."""
+    """An earlier action as the model wrote it: canonical when parsed, raw when not; cut
+    to LIMIT."""
     if "tool" not in step.action:
         return cut(step.reply, limit)
     return cut(format_action(step.action).rstrip("\n"), limit)
@@ -57,12 +62,14 @@ REPEAT_NOTE = "NOTE: this reply is identical to your previous one.\n"
 
 
 def shown_observation(observation, limit):
-    """An observation as the model reads it: the repeat note, then the text, cut to LIMIT."""
+    """An observation as the model reads it: the repeat note, then the text, cut to
+    LIMIT."""
     note = REPEAT_NOTE if observation.get("repeat") else ""
     return note + cut(observation["text"], limit)
 
 def opening(state):
-    """The prompt's first paragraphs, and the index of the first note they leave for later steps."""
+    """The prompt's first paragraphs, and the index of the first note they leave for
+    later steps."""
     paragraphs = [f"TASK: {state.task}"]
     if state.summarized:
         summary = cut(state.summary, shown_limit(state))
@@ -71,7 +78,8 @@ def opening(state):
     return paragraphs + [f"NOTE FROM THE HUMAN: {text}" for text in notes], len(notes)
 
 def step_paragraphs(state, number, next_note, limit):
-    """The paragraphs of step NUMBER and its notes, and the index of the first note after them."""
+    """The paragraphs of step NUMBER and its notes, and the index of the first note
+    after them."""
     step = state.steps[number - 1]
     paragraphs = [f"ACTION {number}:\n{shown_action(step, limit)}"]
     if step.observation:
@@ -85,7 +93,8 @@ def step_paragraphs(state, number, next_note, limit):
 
 @dataclass
 class Rendered:
-    """The prompt's final paragraphs and their length, kept from one step to the next."""
+    """The prompt's final paragraphs and their length, kept from one step to the
+    next."""
 
     summarized: int = -1
     steps: int = 0
@@ -94,7 +103,8 @@ class Rendered:
     paragraphs: list = field(default_factory=list)
 
 def kept(state, rendered):
-    """RENDERED brought up to date with STATE: its opening, and every step but the last."""
+    """RENDERED brought up to date with STATE: its opening, and every step but the
+    last."""
     if rendered.summarized != state.summarized:
         rendered.paragraphs, rendered.next_note = opening(state)
         rendered.summarized, rendered.steps = state.summarized, state.summarized

@@ -39,7 +39,8 @@ def parse_action(reply):
         return {"error": str(error)}
 
 def reply_lines(reply):
-    """Split a raw reply into lines, without BOM, CRLF, outer blanks or a leading <think> block.
+    """Split a raw reply into lines, without BOM, CRLF, outer blanks or a leading
+    <think> block.
 
     Refuses an empty reply, and a <think> block that is never closed: every
     line of it is reasoning, and a verb inside it is not an action.
@@ -73,9 +74,11 @@ VERB_LINE = re.compile(
 
 
 def verb_line(line):
-    """Match a line that starts with an upper-case verb, after an optional copied ACTION: header.
+    """Match a line that starts with an upper-case verb, after an optional copied
+    ACTION: header.
 
-    Returns the match (verb, argument) or None; `read x` and `READ: x` are not verb lines.
+    Returns the match (verb, argument) or None; `read x` and `READ: x` are not verb
+    lines.
     """
     return VERB_LINE.fullmatch(line.strip())
 
@@ -136,7 +139,8 @@ def reject_second_action(rest):
             )
 
 def missing_argument(verb):
-    """The reason for a verb line without its argument: what it needs, and its whole form."""
+    """The reason for a verb line without its argument: what it needs, and its whole
+    form."""
     return f"{verb.name} needs {verb.needs}: {verb.form.replace(chr(10), ', then ')}"
 
 
@@ -159,7 +163,8 @@ def build_action(name, argument, body):
     return action
 
 def unquote(path):
-    """Remove one pair of backticks or quotes around a path, which models copy from prose."""
+    """Remove one pair of backticks or quotes around a path, which models copy from
+    prose."""
     if len(path) >= 2 and path[0] == path[-1] and path[0] in "`\"'":
         return path[1:-1].strip()
     return path
@@ -175,7 +180,8 @@ def split_patch(lines):
         lines = lines[1:]
     if not lines or lines[0] != "OLD":
         raise ParseError(
-            "PATCH needs OLD after the path line, then the old lines, NEW, the new lines, END"
+            "PATCH needs OLD after the path line, then the old lines, NEW, the new"
+            " lines, END"
         )
     if "NEW" not in lines:
         raise ParseError(
@@ -187,7 +193,8 @@ def split_patch(lines):
     )
 
 def unwrap_body(lines):
-    """Remove a Markdown fence that a model put around a body, and keep every other fence.
+    """Remove a Markdown fence that a model put around a body, and keep every other
+    fence.
 
     The opening fence counts only as the body's first line, after at most
     one blank line. Its partner is the body's last line (blank lines after

@@ -1,4 +1,5 @@
-"""Showing a run: steps, stops, notes and state as views, written out as text, Markdown and HTML."""
+"""Showing a run: steps, stops, notes and state as views, written out as text, Markdown
+and HTML."""
 
 import difflib
 import html
@@ -10,7 +11,8 @@ from .trust import visible
 from .verbs import VERB_OF_TOOL
 
 def step_view(state, step):
-    """The view of one step of STATE: title, reply, action, verdict and, once there is one, observation."""
+    """The view of one step of STATE: title, reply, action, verdict and, once there is
+    one, observation."""
     view = [
         ("title", "", f"step {step.number}: {step_title(step)}"),
         ("block", "reply", step.reply),
@@ -38,7 +40,8 @@ def step_title(step):
     )
 
 def action_part(state, step):
-    """The action of STEP as a view part: a diff for WRITE and PATCH, protocol text otherwise."""
+    """The action of STEP as a view part: a diff for WRITE and PATCH, protocol text
+    otherwise."""
     action = step.action
     if "tool" not in action:
         return (
@@ -78,7 +81,8 @@ def seen_files(steps):
     return seen
 
 def change(state, step):
-    """STEP's WRITE or PATCH as a unified diff: OLD against NEW, or the file as last seen against the content."""
+    """STEP's WRITE or PATCH as a unified diff: OLD against NEW, or the file as last
+    seen against the content."""
     action, path = step.action, step.action["path"]
     if action["tool"] == "patch":
         before, after, names = (
@@ -115,7 +119,8 @@ def compact_view(upto, summary):
     ]
 
 def report_views(state, numbers, words):
-    """[(kind, step number, view)] for the steps NUMBERS of STATE, then its ask or its stop."""
+    """[(kind, step number, view)] for the steps NUMBERS of STATE, then its ask or its
+    stop."""
     views = [
         ("step", number, step_view(state, state.steps[number - 1]))
         for number in numbers
@@ -128,7 +133,8 @@ def report_views(state, numbers, words):
     return views
 
 def state_view(start, state, journal):
-    """How a run stands: its facts, its steps against the budget, and what comes next."""
+    """How a run stands: its facts, its steps against the budget, and what comes
+    next."""
     view = [
         ("title", "", f"run {start['run']}"),
         ("line", "task", start["task"]),
@@ -171,7 +177,8 @@ def as_text(view):
     return "\n".join(lines)
 
 def as_markdown(view, level=4):
-    """VIEW as Markdown: the title a heading of LEVEL, lines in bold labels, blocks fenced."""
+    """VIEW as Markdown: the title a heading of LEVEL, lines in bold labels, blocks
+    fenced."""
     parts = []
     for kind, label, text in safe_view(view):
         if kind == "title":

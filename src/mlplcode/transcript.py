@@ -40,7 +40,8 @@ def branch_view(branch):
     ]
 
 def sections(events):
-    """The run of EVENTS as [(kind, step number, view)], each view titled, in the order things happened."""
+    """The run of EVENTS as [(kind, step number, view)], each view titled, in the order
+    things happened."""
     state = fold(events)
     result = [
         (
@@ -101,7 +102,8 @@ def one_line(text):
 
 
 def org(events):
-    """The run of EVENTS as an Org document: a title, then a section per note, step and stop."""
+    """The run of EVENTS as an Org document: a title, then a section per note, step and
+    stop."""
     lines = []
     for kind, _, view in sections(events):
         view = safe_view(view)
@@ -126,7 +128,8 @@ def org(events):
     return "\n".join(lines)
 
 def org_escape(text):
-    """TEXT with a comma before each line that Org would otherwise read as a heading or a keyword."""
+    """TEXT with a comma before each line that Org would otherwise read as a heading or
+    a keyword."""
     return re.sub(r"(?m)^([ \t]*)(,*(?:\*|#\+))", r"\1,\2", text)
 
 def notebook(events):
@@ -226,9 +229,11 @@ WRITERS = {".md": markdown, ".org": org, ".ipynb": notebook}
 
 
 def save(journal, path):
-    """Write the transcript of the run in JOURNAL to PATH, in the format its extension names.
+    """Write the transcript of the run in JOURNAL to PATH, in the format its extension
+    names.
 
-    Returns the number of steps written. Refuses an extension other than .ipynb, .org and .md.
+    Returns the number of steps written. Refuses an extension other than .ipynb, .org
+    and .md.
     """
     writer = WRITERS.get(os.path.splitext(path)[1])
     if writer is None:

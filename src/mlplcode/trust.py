@@ -1,4 +1,5 @@
-"""Trust: terminal-safe text, secrets kept from the model, and the sandbox RUN executes in."""
+"""Trust: terminal-safe text, secrets kept from the model, and the sandbox RUN executes
+in."""
 
 import base64
 import functools
@@ -21,7 +22,8 @@ DEFAULT_IGNORABLE = re.compile(
 
 def is_invisible(char):
     """Whether CHAR would act on a terminal or hide itself instead of showing: controls,
-    escapes, bidi overrides, zero-width and tag characters, fillers, variation selectors.
+    escapes, bidi overrides, zero-width and tag characters, fillers, variation
+    selectors.
     """
     return char not in "\n\t" and (
         unicodedata.category(char) in INVISIBLE_CATEGORIES
@@ -35,7 +37,8 @@ def escape(char):
         return f"\\x{code:02x}"
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
-# Org link types that run code or a program when followed (Org 9.5, ol.el and its modules).
+# Org link types that run code or a program when followed (Org 9.5, ol.el and its
+# modules).
 ACTING_LINK_TYPES = r"elisp|shell|eshell|man|file\+sys|docview"
 ACTING_IN_EMACS = re.compile(
     rf"(?i)(?:(?<=\[\[)|(?<=<))(?:{ACTING_LINK_TYPES}):"
@@ -46,8 +49,9 @@ OUTSIDE_PRINTABLE_ASCII = re.compile(r"[^\t\n\x20-\x7e]")
 
 
 def visible(text):
-    """TEXT with every invisible character shown as its escape, and the colon of what Emacs
-    would act on (an Org link that runs code, a Local Variables block) escaped too."""
+    """TEXT with every invisible character shown as its escape, and the colon of what
+    Emacs would act on (an Org link that runs code, a Local Variables block) escaped
+    too."""
     shown = OUTSIDE_PRINTABLE_ASCII.sub(
         lambda match: escape(match[0]) if is_invisible(match[0]) else match[0], text
     )
@@ -62,7 +66,10 @@ SECRET_SHAPES = tuple(
     for pattern in (
         r"----[- ]?BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}.*?"
         r"(?:----[- ]?END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}|\Z)",
-        r"-----BEGIN OpenVPN Static key V1-----.*?(?:-----END OpenVPN Static key V1-----|\Z)",
+        (
+            r"-----BEGIN OpenVPN Static key V1-----.*?(?:-----END OpenVPN Static key"
+            r" V1-----|\Z)"
+        ),
         r"PuTTY-User-Key-File-\d+:.*?(?:Private-MAC: *[0-9a-fA-F]+|\Z)",
         r"(?:AKIA|ASIA|ABIA|ACCA)(?<=\b....)[0-9A-Z]{16}\b",
         r"gh[pousr]_(?<=\bgh._)[A-Za-z0-9]{30,}",
@@ -91,8 +98,9 @@ SHORTEST_ENCODED_SECRET = 8
 
 
 def encoded_forms(value):
-    """The forms VALUE takes when a program encodes it: hex, base64 (standard and URL-safe,
-    at each of the three offsets it can have inside a longer text), percent-encoding."""
+    """The forms VALUE takes when a program encodes it: hex, base64 (standard and
+    URL-safe, at each of the three offsets it can have inside a longer text),
+    percent-encoding."""
     data = value.encode("utf-8", "surrogateescape")
     if len(data) < SHORTEST_ENCODED_SECRET:
         return set()
@@ -111,7 +119,8 @@ def encoded_forms(value):
 
 @functools.lru_cache(maxsize=4)
 def secret_forms(values):
-    """VALUES, a frozenset, with every encoded form of each: what redaction looks for."""
+    """VALUES, a frozenset, with every encoded form of each: what redaction looks
+    for."""
     return frozenset(
         form for value in values for form in (value, *encoded_forms(value))
     )
@@ -122,7 +131,8 @@ BASE64_LINES = re.compile(
 
 
 def unwrapped_if_secret(block, values):
-    """A block of base64 lines, joined and redacted if it held a secret; as it was if not."""
+    """A block of base64 lines, joined and redacted if it held a secret; as it was if
+    not."""
     joined = re.sub(r"\r?\n", "", block)
     redacted = replace_values(joined, values)
     return redacted if redacted != joined else block
@@ -133,7 +143,8 @@ SHORTEST_LOOKED_FOR = 6
 
 @functools.lru_cache(maxsize=4)
 def values_by_start(values):
-    """VALUES, a frozenset, filed by their first SHORTEST_LOOKED_FOR characters; and those shorter."""
+    """VALUES, a frozenset, filed by their first SHORTEST_LOOKED_FOR characters; and
+    those shorter."""
     filed, short = {}, []
     for value in values:
         if len(value) < SHORTEST_LOOKED_FOR:
@@ -144,7 +155,8 @@ def values_by_start(values):
 
 
 def possible_values(text, values):
-    """Those of VALUES that may occur in TEXT: all of few; of many, those whose start does."""
+    """Those of VALUES that may occur in TEXT: all of few; of many, those whose start
+    does."""
     if len(values) <= FEW_VALUES:
         return values
     filed, short = values_by_start(values)
@@ -162,7 +174,8 @@ def replace_values(text, values):
     return text
 
 def redact(text, values=()):
-    """TEXT with known secret VALUES and anything shaped like a key or token replaced."""
+    """TEXT with known secret VALUES and anything shaped like a key or token
+    replaced."""
     if values:
         text = BASE64_LINES.sub(
             lambda block: unwrapped_if_secret(block[0], values), text
@@ -178,7 +191,8 @@ SHORTEST_SECRET = 6
 
 
 def is_secret_variable(name):
-    """Say whether an environment variable's name marks it as a secret, ignoring case."""
+    """Say whether an environment variable's name marks it as a secret, ignoring
+    case."""
     upper = name.upper()
     return (
         upper in SECRET_VARIABLES
@@ -188,7 +202,8 @@ def is_secret_variable(name):
 
 
 def environment_secrets():
-    """The values of the agent's secret-named variables, long enough to be worth finding."""
+    """The values of the agent's secret-named variables, long enough to be worth
+    finding."""
     return {
         value
         for name, value in os.environ.items()
@@ -211,8 +226,8 @@ def inside(path, directory):
 
 
 def safe_path(root):
-    """The agent's PATH without relative entries and entries inside ROOT, which the model
-    could fill with a program named git."""
+    """The agent's PATH without relative entries and entries inside ROOT, which the
+    model could fill with a program named git."""
     real_root = os.path.realpath(root)
     entries = os.environ.get("PATH", os.defpath).split(os.pathsep)
     return os.pathsep.join(
@@ -223,7 +238,8 @@ def safe_path(root):
 
 
 def child_environment(root, home):
-    """The whole environment of a program RUN starts: an allow-list, a fresh HOME, git tamed."""
+    """The whole environment of a program RUN starts: an allow-list, a fresh HOME, git
+    tamed."""
     kept = {name: os.environ[name] for name in CHILD_VARIABLES if name in os.environ}
     return {**kept, "PATH": safe_path(root), "HOME": home, "TMPDIR": home, **GIT_SAFETY}
 
@@ -261,7 +277,8 @@ RUN_MEMORY_BYTES = 4 * 1024 * 1024 * 1024
 
 
 def limit_resources():
-    """Set the child's rlimits, between fork and exec: CPU time, file size, address space."""
+    """Set the child's rlimits, between fork and exec: CPU time, file size, address
+    space."""
     for limit, value in (
         (resource.RLIMIT_CPU, RUN_CPU_SECONDS),
         (resource.RLIMIT_FSIZE, RUN_FILE_BYTES),
@@ -313,7 +330,8 @@ ISOLATION = (
 )
 
 def private_files(directory):
-    """What under DIRECTORY others may not read (a directory: read and enter), links aside."""
+    """What under DIRECTORY others may not read (a directory: read and enter), links
+    aside."""
     found = []
     for parent, subdirectories, files in os.walk(directory):
         for name in subdirectories + files:
@@ -332,12 +350,14 @@ def private_files(directory):
 
 
 def hide(path, empty):
-    """The bubblewrap arguments that put an empty directory, or the EMPTY file, over PATH."""
+    """The bubblewrap arguments that put an empty directory, or the EMPTY file, over
+    PATH."""
     return ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", empty, path]
 
 def system_mounts(empty):
-    """The machine's programs, libraries and settings, read-only, laid out as on the host,
-    with what only its owner may read in /etc replaced by an empty file or directory."""
+    """The machine's programs, libraries and settings, read-only, laid out as on the
+    host, with what only its owner may read in /etc replaced by an empty file or
+    directory."""
     command = []
     for path in SYSTEM_DIRECTORIES:
         if os.path.islink(path):
@@ -350,7 +370,8 @@ def system_mounts(empty):
 
 
 def proc_mounts(empty):
-    """A fresh /dev and /proc, with what in /proc acts on the machine read-only or hidden."""
+    """A fresh /dev and /proc, with what in /proc acts on the machine read-only or
+    hidden."""
     command = ["--dev", "/dev", "--proc", "/proc"]
     for path in PROC_READ_ONLY:
         if os.path.exists(path):
@@ -361,8 +382,8 @@ def proc_mounts(empty):
     return command
 
 def sandbox_argv(bwrap, argv, root, interpreter, protected, masked, empty):
-    """ARGV wrapped in bubblewrap: only system files, the INTERPRETER's directories and the
-    root shown; no network, its own /tmp, PIDs and user, no capabilities.
+    """ARGV wrapped in bubblewrap: only system files, the INTERPRETER's directories and
+    the root shown; no network, its own /tmp, PIDs and user, no capabilities.
 
     PROTECTED paths in the root are read-only; MASKED ones are replaced by an empty
     directory or the EMPTY file.
@@ -386,9 +407,13 @@ def sandbox_argv(bwrap, argv, root, interpreter, protected, masked, empty):
     return command + [*ISOLATION, "--chdir", root, "--", *argv]
 
 def sandbox_banner(bwrap):
-    """One line for the top of a run: whether RUN is sandboxed (BWRAP found), and what that means."""
+    """One line for the top of a run: whether RUN is sandboxed (BWRAP found), and what
+    that means."""
     if bwrap:
-        return "sandboxed by bubblewrap (no network, nothing of the machine but its system files, no leftover process)"
+        return (
+            "sandboxed by bubblewrap (no network, nothing of the machine but its system"
+            " files, no leftover process)"
+        )
     return (
         "unsandboxed: bubblewrap (bwrap) not found; tests run with your user's files"
         " and network"

@@ -1,4 +1,5 @@
-"""The verbs: each action the model can take, declared once, and what is derived from the table."""
+"""The verbs: each action the model can take, declared once, and what is derived from
+the table."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +21,8 @@ from .trust import redact
 
 @dataclass(frozen=True)
 class Verb:
-    """One verb of the protocol: how it is written, taught, judged, carried out and shown."""
+    """One verb of the protocol: how it is written, taught, judged, carried out and
+    shown."""
 
     name: str
     argument: str
@@ -111,7 +113,8 @@ VERBS = (
         "",
         "DONE <summary>",
         "DONE is accepted only after you have edited a file and a test run has passed"
-        " since that edit; the project's tests as they were before your changes must pass too.",
+        " since that edit; the project's tests as they were before your changes must"
+        " pass too.",
         "done",
         None,
         None,
@@ -144,8 +147,8 @@ def check_action(action: dict, project) -> str | None:
     return None
 
 def fingerprint(action: dict, project) -> dict | None:
-    """The target an approval of ACTION is bound to (section "What an approval is bound to"),
-    or None for a verb that has none."""
+    """The target an approval of ACTION is bound to (section "What an approval is bound
+    to"), or None for a verb that has none."""
     verb = VERB_OF_TOOL[action["tool"]]
     return verb.target(action, project) if verb.target else None
 

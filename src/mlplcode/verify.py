@@ -1,4 +1,5 @@
-"""Verification: DONE is a claim, the journal is the evidence, and the tests as they were are the judge."""
+"""Verification: DONE is a claim, the journal is the evidence, and the tests as they
+were are the judge."""
 
 import difflib
 import fnmatch
@@ -58,8 +59,10 @@ TEST_DIRECTORIES = ("test", "tests")
 
 
 def decides_tests(path):
-    """Whether the file at PATH (relative to the root, with /) decides what the tests check:
-    pytest's configuration, a conftest.py, a test module, or anything in a test directory.
+    """Whether the file at PATH (relative to the root, with /) decides what the tests
+    check:
+    pytest's configuration, a conftest.py, a test module, or anything in a test
+    directory.
     """
     *directories, name = path.casefold().split("/")
     return (
@@ -88,7 +91,8 @@ UNCOLLECTED = (
 
 
 def collected_directory(parent, name):
-    """Whether pytest looks into the directory NAME in PARENT by default; secret directories aside."""
+    """Whether pytest looks into the directory NAME in PARENT by default; secret
+    directories aside."""
     path = os.path.join(parent, name)
     return not (
         any(fnmatch.fnmatchcase(name, pattern) for pattern in UNCOLLECTED)
@@ -99,7 +103,8 @@ def collected_directory(parent, name):
     )
 
 def test_files(root):
-    """The paths, relative to ROOT and sorted, of the files that decide the tests, where pytest looks."""
+    """The paths, relative to ROOT and sorted, of the files that decide the tests, where
+    pytest looks."""
     found = []
     for directory, subdirectories, files in os.walk(root):
         subdirectories[:] = [
@@ -117,7 +122,8 @@ KEPT_TEXT_BYTES = 4 * 1024 * 1024
 
 
 def open_regular(path):
-    """The regular file at PATH opened for reading in binary, or None for anything else."""
+    """The regular file at PATH opened for reading in binary, or None for anything
+    else."""
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -157,8 +163,8 @@ def file_state(root, path):
     )
 
 def writable_as_text(*texts):
-    """Whether every one of TEXTS can be written as UTF-8: a name read from a file system may hold
-    bytes that are not, kept by Python as lone surrogates."""
+    """Whether every one of TEXTS can be written as UTF-8: a name read from a file
+    system may hold bytes that are not, kept by Python as lone surrogates."""
     try:
         for text in texts:
             text.encode("utf-8")
@@ -168,7 +174,8 @@ def writable_as_text(*texts):
 
 def snapshot_tests(root):
     """The files under ROOT that decide the tests, as the start event records them:
-    {path: entry}, with each file's "text" while the text kept stays within KEPT_TEXT_BYTES.
+    {path: entry}, with each file's "text" while the text kept stays within
+    KEPT_TEXT_BYTES.
     """
     snapshot, kept = {}, 0
     for path in test_files(root):
@@ -185,7 +192,8 @@ def snapshot_tests(root):
     return snapshot
 
 def changed_files(state, root):
-    """[(path, entry at the start, entry now, bytes now)] for each file deciding the tests that differs."""
+    """[(path, entry at the start, entry now, bytes now)] for each file deciding the
+    tests that differs."""
     start = state.start["tests"]
     changed = []
     for path in sorted(set(start) | set(test_files(root))):
@@ -203,7 +211,8 @@ PASSED_SUMMARY = re.compile(r"\b\d+ passed\b")
 
 
 def summary(text):
-    """The last line that a test run printed: its observation's TEXT after the exit-code line."""
+    """The last line that a test run printed: its observation's TEXT after the exit-code
+    line."""
     lines = text.partition("\n")[2].strip().splitlines()
     return lines[-1] if lines else ""
 
@@ -224,17 +233,23 @@ def partial_run(step):
     ):
         return f"its last test run chose a part of the tests ({command})"
     if not PASSED_SUMMARY.search(summary(step.observation["text"])):
-        return f"its last test run ended without pytest's summary of what passed ({command})"
+        return (
+            "its last test run ended without pytest's summary of what passed"
+            f" ({command})"
+        )
     return ""
 
 def printable_name(name):
-    """NAME, from the file system, with any byte that is not UTF-8 written as an escape such as \\xff."""
+    """NAME, from the file system, with any byte that is not UTF-8 written as an escape
+    such as \\xff."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 def touches(state, changed):
-    """What the run did to what decides the tests, as phrases; empty when it did nothing."""
+    """What the run did to what decides the tests, as phrases; empty when it did
+    nothing."""
     words = [
-        f"{'created' if before is None else 'deleted' if now is None else 'changed'} {printable_name(path)}"
+        f"{'created' if before is None else 'deleted' if now is None else 'changed'}"
+        f" {printable_name(path)}"
         for path, before, now, _ in changed
     ]
     paths = {path for path, _, _, _ in changed}
@@ -277,7 +292,8 @@ def shown_lines(entry, data):
     ]
 
 def tests_diff(changed, project):
-    """The files in CHANGED as one unified diff from the start to now, hidden files named only, cut."""
+    """The files in CHANGED as one unified diff from the start to now, hidden files
+    named only, cut."""
     hidden, parts = ignore_rules(project, ".mlplcodeignore"), []
     for path, before, now, data in changed:
         shown = printable_name(path)
@@ -305,12 +321,14 @@ def tests_diff(changed, project):
     return text
 
 def test_changes(state, project, changed=None):
-    """What this run did to what decides the tests: {"touched": [phrases], "diff": text}."""
+    """What this run did to what decides the tests: {"touched": [phrases], "diff":
+    text}."""
     changed = changed_files(state, project.root) if changed is None else changed
     return {"touched": touches(state, changed), "diff": tests_diff(changed, project)}
 
 def copied_link(source, target, path, link):
-    """What a link at PATH (relative) in the copy TARGET holds, for a link LINK at PATH in SOURCE:
+    """What a link at PATH (relative) in the copy TARGET holds, for a link LINK at PATH
+    in SOURCE:
     the same place in the copy when LINK leads into the project, LINK itself otherwise.
     """
     real = os.path.realpath(os.path.join(source, os.path.dirname(path), link))
@@ -324,7 +342,8 @@ LEFT_OUT = (".git", "__pycache__", ".pytest_cache")
 
 
 def copy_project(source, target):
-    """Copy the project at SOURCE to the new directory TARGET, as a test run would see it."""
+    """Copy the project at SOURCE to the new directory TARGET, as a test run would see
+    it."""
     os.mkdir(target)
     for directory, subdirectories, files in os.walk(source):
         here = os.path.join(target, os.path.relpath(directory, source))
@@ -371,7 +390,8 @@ def remove(path):
         os.unlink(path)
 
 def put_back(source, copy, path, entry):
-    """Make PATH in the scratch COPY of SOURCE what ENTRY recorded at the start; remove it when ENTRY is None."""
+    """Make PATH in the scratch COPY of SOURCE what ENTRY recorded at the start; remove
+    it when ENTRY is None."""
     directory = copy
     for part in path.split("/")[:-1]:
         directory = os.path.join(directory, part)
@@ -392,7 +412,8 @@ def put_back(source, copy, path, entry):
             file.write(entry["text"])
 
 def lost_files(changed):
-    """The files in CHANGED whose content at the start was not kept, so they cannot be put back."""
+    """The files in CHANGED whose content at the start was not kept, so they cannot be
+    put back."""
     return [
         path
         for path, before, _, _ in changed
@@ -403,7 +424,8 @@ STARTING_COMMAND = "python -m pytest -q"
 
 
 def run_starting_tests(project, changed):
-    """Run the tests as they were at the start against the code as it is now; give the observation."""
+    """Run the tests as they were at the start against the code as it is now; give the
+    observation."""
     with tempfile.TemporaryDirectory(
         prefix="mlplcode-verify-", ignore_cleanup_errors=True
     ) as scratch:
@@ -430,14 +452,18 @@ FAILED_TEST = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 
 
 def failures(result):
-    """The names of the starting tests that failed, or what happened when pytest named none."""
+    """The names of the starting tests that failed, or what happened when pytest named
+    none."""
     names = FAILED_TEST.findall(result["text"])
     if names:
         more = f" and {len(names) - 10} more" if len(names) > 10 else ""
         return ", ".join(names[:10]) + more
     if "exit_code" not in result:
         return result["text"].removeprefix("ERROR: ").split(";")[0]
-    return f"exit code {result['exit_code']}; pytest's last line: {summary(result['text']) or '(none)'}"
+    return (
+        f"exit code {result['exit_code']}; pytest's last line:"
+        f" {summary(result['text']) or '(none)'}"
+    )
 
 def edited_code(state):
     """Whether the run wrote or patched a file that does not decide the tests."""
@@ -447,13 +473,17 @@ def edited_code(state):
     )
 
 def verify_tests(state, project):
-    """(True, note, changes) when the tests as they were pass, or need no run; else (False, why, changes)."""
+    """(True, note, changes) when the tests as they were pass, or need no run; else
+    (False, why, changes)."""
     changed = changed_files(state, project.root)
     changes = test_changes(state, project, changed)
     if not changes["touched"]:
         return True, "", changes
     done = ", ".join(changes["touched"])
-    only_tests = f"this run changed only what decides the tests ({done}), none of the code they test"
+    only_tests = (
+        f"this run changed only what decides the tests ({done}), none of the code they"
+        " test"
+    )
     if not any(test_module(path) for path in state.start["tests"]):
         if not edited_code(state):
             return False, only_tests, changes
@@ -463,8 +493,9 @@ def verify_tests(state, project):
         return (
             False,
             (
-                f"the tests as they were before this run cannot be rebuilt ({', '.join(lost)}"
-                f" changed, and was not kept at the start); this run {done}"
+                "the tests as they were before this run cannot be rebuilt"
+                f" ({', '.join(lost)} changed, and was not kept at the start); this run"
+                f" {done}"
             ),
             changes,
         )
@@ -472,7 +503,10 @@ def verify_tests(state, project):
     if not passed_as_they_were(result):
         return (
             False,
-            f"the tests as they were before this run fail ({failures(result)}); this run {done}",
+            (
+                f"the tests as they were before this run fail ({failures(result)});"
+                f" this run {done}"
+            ),
             changes,
         )
     if not edited_code(state):

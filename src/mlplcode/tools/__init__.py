@@ -9,12 +9,15 @@ raised inside a tool escapes `execute`.
 """
 
 def observation(text: str, **fields) -> dict:
-    """Build a successful observation; RUN adds its exit code and kind as extra fields."""
+    """Build a successful observation; RUN adds its exit code and kind as extra
+    fields."""
     return {"ok": True, "text": text, **fields}
 
 def failure(message: str) -> dict:
-    """Build a failed observation; the ERROR prefix tells the model and the log it failed."""
+    """Build a failed observation; the ERROR prefix tells the model and the log it
+    failed."""
     return {"ok": False, "text": f"ERROR: {message}"}
 
 class PathRefused(Exception):
-    """A tool cannot use a path; the message names the path, the reason and what to do."""
+    """A tool cannot use a path; the message names the path, the reason and what to
+    do."""

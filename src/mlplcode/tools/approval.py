@@ -10,8 +10,8 @@ from .paths import open_directory
 from .read import READ_CAP_BYTES, kind_of
 
 def file_target(action: dict, project) -> dict:
-    """The file ACTION's path leads to now: where it really is, whether the path is a link,
-    and the kind, size, link count and SHA-256 of what is there."""
+    """The file ACTION's path leads to now: where it really is, whether the path is a
+    link, and the kind, size, link count and SHA-256 of what is there."""
     written = os.path.join(project.root, action["path"])
     real = os.path.realpath(written)
     target = {
@@ -33,8 +33,8 @@ def file_target(action: dict, project) -> dict:
 
 
 def content_hash(path: str) -> str | None:
-    """The SHA-256 of the file at PATH as far as the read cap and a byte, or None when it
-    cannot be opened without following a link."""
+    """The SHA-256 of the file at PATH as far as the read cap and a byte, or None when
+    it cannot be opened without following a link."""
     try:
         directory = open_directory(os.path.dirname(path))
         try:

@@ -1,4 +1,5 @@
-"""Paths: which paths inside the root the tools may use, and the real path each one names."""
+"""Paths: which paths inside the root the tools may use, and the real path each one
+names."""
 
 import contextlib
 import os
@@ -10,7 +11,8 @@ from ..trust import inside, is_invisible, visible
 from . import PathRefused
 
 SECRET_NAMES = (
-    # Environment files, every naming: .env, .env.local, .envrc (direnv), .env_production,
+    # Environment files, every naming: .env, .env.local, .envrc (direnv),
+    # .env_production,
     # .envs/ (cookiecutter), prod.env, and wrangler's .dev.vars.
     ".env*",
     "*.env",
@@ -22,7 +24,8 @@ SECRET_NAMES = (
     "*.ppk",
     "ssh_host_*",
     ".ssh",
-    # Private keys and the containers that hold them: PEM, PKCS#8, PKCS#12, Java and Android
+    # Private keys and the containers that hold them: PEM, PKCS#8, PKCS#12, Java and
+    # Android
     # key stores, KeePass and Apple keychains; GnuPG's home.
     "*.{pem,key,p8,pk8,pkcs8,p12,pfx,pkcs12,jks,keystore,bks,kdb,kdbx,keychain}",
     ".gnupg",
@@ -40,7 +43,8 @@ SECRET_NAMES = (
     ".boto",
     ".s3cfg",
     ".vault-token",
-    # Package managers' and git's tokens: npm, Yarn, PyPI, pip, Composer, netrc, git's store.
+    # Package managers' and git's tokens: npm, Yarn, PyPI, pip, Composer, netrc, git's
+    # store.
     ".npmrc",
     ".yarnrc*",
     ".pypirc",
@@ -53,7 +57,8 @@ SECRET_NAMES = (
     ".pgpass",
     ".my.cnf",
     ".mylogin.cnf",
-    # Kubernetes and Terraform: kubeconfigs, variable files, state (which keeps every secret
+    # Kubernetes and Terraform: kubeconfigs, variable files, state (which keeps every
+    # secret
     # it was given, in plain text), and the CLI's token files.
     "kubeconfig*",
     "*.kubeconfig",
@@ -64,12 +69,14 @@ SECRET_NAMES = (
     ".terraformrc",
     "terraform.rc",
     "credentials.tfrc.json",
-    # Web servers' password files, VPN profiles with their keys, Azure Functions' local secrets.
+    # Web servers' password files, VPN profiles with their keys, Azure Functions' local
+    # secrets.
     ".htpasswd",
     ".htdigest",
     "*.ovpn",
     "local.settings.json",
-    # Files named for what they hold, in a data format (secrets.py is a module, not a secret).
+    # Files named for what they hold, in a data format (secrets.py is a module, not a
+    # secret).
     "{secret,secrets,password,passwords}.{json,toml,xml,yaml,yml,ini,txt,csv,properties}",
 )
 SECRET_PATHS = (
@@ -84,7 +91,8 @@ SECRET_PATHS = (
 )
 
 def glob_pattern(glob: str) -> str:
-    """The regular expression of a glob: * any run, ? any one character, {a,b} either."""
+    """The regular expression of a glob: * any run, ? any one character, {a,b}
+    either."""
     parts = re.split(r"(\*|\?|\{[^{}]*\})", glob)
     return "".join(
         (
@@ -131,7 +139,8 @@ def is_secret_name(name: str) -> bool:
     return SECRET_NAME.match(folded(name)) is not None
 
 def secret_at(parts: list[str], index: int) -> str | None:
-    """The name, or trailing run of names, of PARTS[:INDEX + 1] that marks it secret, or None."""
+    """The name, or trailing run of names, of PARTS[:INDEX + 1] that marks it secret, or
+    None."""
     if is_secret_name(parts[index]):
         return parts[index]
     if not SECRET_PATH_END.match(folded(parts[index])):
@@ -161,7 +170,8 @@ def load_ignore_rules(root: str, name: str) -> pathspec.PathSpec:
         ) from None
 
 def ignore_rules(project, name: str) -> pathspec.PathSpec:
-    """The rules of the rules file NAME in PROJECT; refuses a file that could not be parsed."""
+    """The rules of the rules file NAME in PROJECT; refuses a file that could not be
+    parsed."""
     if name in project.broken:
         raise PathRefused(project.broken[name])
     return project.ignore[name]
@@ -175,7 +185,10 @@ def denial_reason(relative: str, mlplcodeignore: pathspec.PathSpec) -> str | Non
     parts = relative.rstrip("/").split("/")
     for index, part in enumerate(parts):
         if part.casefold() == ".git":
-            return ".git is protected; use RUN git status or git diff to look at the repository"
+            return (
+                ".git is protected; use RUN git status or git diff to look at the"
+                " repository"
+            )
         secret = secret_at(parts, index)
         if secret:
             return (
@@ -240,9 +253,10 @@ DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def open_directory(path: str, make_below: str | None = None) -> int:
-    """A descriptor of the directory at PATH, a real absolute path, reached one component at
-    a time from / without following a symlink; missing directories below MAKE_BELOW (the
-    root) are made on the way. Raises OSError when a component is a link or not a directory.
+    """A descriptor of the directory at PATH, a real absolute path, reached one
+    component at a time from / without following a symlink; missing directories below
+    MAKE_BELOW (the root) are made on the way. Raises OSError when a component is a link
+    or not a directory.
     """
     descriptor, reached = os.open("/", DIRECTORY_FLAGS), "/"
     try:

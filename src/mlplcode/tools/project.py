@@ -23,7 +23,8 @@ from .read import READ_CAP_BYTES, decode_text, read_if_text
 
 @dataclass(frozen=True)
 class History:
-    """What git would show of the secret files' past: their values, and when they were read."""
+    """What git would show of the secret files' past: their values, and when they were
+    read."""
 
     stamp: (
         tuple | None
@@ -34,7 +35,8 @@ class History:
 
 @dataclass(frozen=True)
 class Project:
-    """The root and what the tools need to know about it: rules, secrets, trusted programs."""
+    """The root and what the tools need to know about it: rules, secrets, trusted
+    programs."""
 
     root: str
     ignore: dict
@@ -50,7 +52,8 @@ TRUSTED_PROGRAMS = ("rg", "git", "bwrap")
 NO_RULES = pathspec.GitIgnoreSpec.from_lines([])
 
 def file_stamp(path: str) -> tuple | None:
-    """What stat says of PATH, to tell when it has changed; None when there is no such file."""
+    """What stat says of PATH, to tell when it has changed; None when there is no such
+    file."""
     try:
         info = os.stat(path)
     except OSError:
@@ -64,7 +67,8 @@ def rules_stamps(root: str) -> tuple:
 
 
 def read_rules(root: str) -> dict:
-    """The rules of each rules file at ROOT, the refusal of each that cannot be parsed, the stamps."""
+    """The rules of each rules file at ROOT, the refusal of each that cannot be parsed,
+    the stamps."""
     ignore, broken = {}, {}
     for name in RULES_FILES:
         try:
@@ -87,7 +91,8 @@ def starts_with_key(data: bytes) -> bool:
 
 
 def is_key_file(path: str) -> bool:
-    """Whether PATH is a small regular file that starts with a private key; never blocks."""
+    """Whether PATH is a small regular file that starts with a private key; never
+    blocks."""
     try:
         info = os.lstat(path)
         if not stat.S_ISREG(info.st_mode) or info.st_size > KEY_FILE_BYTES:
@@ -101,8 +106,8 @@ def is_key_file(path: str) -> bool:
         return False
 
 def find_secret_files(root: str) -> tuple:
-    """Every file and directory in the root that is secret by its name or path, and every
-    small file that starts with a private key, symlinks aside."""
+    """Every file and directory in the root that is secret by its name or path, and
+    every small file that starts with a private key, symlinks aside."""
     found, pending = [], [(root, [])]
     while pending:
         directory, parts = pending.pop()
@@ -131,7 +136,8 @@ INNER_SEPARATOR = re.compile(r"[=:][^=]")
 
 
 def worth_finding(value: str) -> bool:
-    """Whether VALUE, held in a secret file, is worth looking for: long, and not an ordinary word."""
+    """Whether VALUE, held in a secret file, is worth looking for: long, and not an
+    ordinary word."""
     return len(value) >= SHORTEST_PLANTED_SECRET and not (
         len(value) < LONGEST_ORDINARY and ORDINARY.fullmatch(value)
     )
@@ -141,9 +147,9 @@ PEM_BOUNDARY = re.compile(r"----[- ]?(BEGIN|END) ([A-Z0-9 ]+?) ?-{4,5}")
 
 
 def values_in(text: str) -> set:
-    """The values a secret file's TEXT holds: what follows each line's first = or :, its words
-    and their parts, a word or line with no = or : inside it whole; in a PEM block, the lines
-    of a private one whole; those worth finding."""
+    """The values a secret file's TEXT holds: what follows each line's first = or :, its
+    words and their parts, a word or line with no = or : inside it whole; in a PEM
+    block, the lines of a private one whole; those worth finding."""
     values, block = set(), None
     for line in text.splitlines():
         line = line.strip()
@@ -168,7 +174,8 @@ SECRET_TEXT_BYTES = 8 * 1024 * 1024
 
 
 def planted_secrets(paths) -> set:
-    """The values held in the root's secret files that are files, the first 8 MiB of them."""
+    """The values held in the root's secret files that are files, the first 8 MiB of
+    them."""
     values, left = set(), SECRET_TEXT_BYTES
     for path in paths:
         text = read_if_text(path) if left > 0 else None
@@ -214,7 +221,8 @@ def git_output(
     return (done.stdout, True) if done.returncode == 0 else (b"", True)
 
 def history_stamp(git: str, root: str) -> tuple | None:
-    """The repository's references and the stat of its index, or None where git finds none."""
+    """The repository's references and the stat of its index, or None where git finds
+    none."""
     index, _ = git_output(git, root, ["rev-parse", "--git-path", "index"], seconds=5)
     if not index:
         return None
@@ -227,8 +235,8 @@ def history_stamp(git: str, root: str) -> tuple | None:
     )
 
 def raw_paths(output: bytes) -> list[tuple[str, list[str]]]:
-    """(path, blob hashes, the newer first) for each entry of `git log --raw -z` output; a cut
-    last entry is left out."""
+    """(path, blob hashes, the newer first) for each entry of `git log --raw -z` output;
+    a cut last entry is left out."""
     fields, entries = output.split(b"\0"), []
     for header, path in zip(fields, fields[1:]):
         if header.startswith(b":") and header.count(b" ") == 4:
@@ -254,8 +262,8 @@ def index_paths(output: bytes) -> list[tuple[str, list[str]]]:
     return entries
 
 def path_cap(path: str) -> int:
-    """How many bytes of a blob at PATH are worth reading: as many as READ would read at a secret
-    path, as many as a key has at one that may hold a key, none elsewhere."""
+    """How many bytes of a blob at PATH are worth reading: as many as READ would read at
+    a secret path, as many as a key has at one that may hold a key, none elsewhere."""
     parts = path.split("/")
     if any(secret_at(parts, index) for index in range(len(parts))):
         return READ_CAP_BYTES
@@ -263,7 +271,8 @@ def path_cap(path: str) -> int:
 
 
 def candidate_blobs(entries) -> dict:
-    """The blobs of ENTRIES worth reading, newest first, each with how many bytes of it are."""
+    """The blobs of ENTRIES worth reading, newest first, each with how many bytes of it
+    are."""
     caps, judged = {}, {}
     for path, blobs in entries:
         cap = (
@@ -275,7 +284,8 @@ def candidate_blobs(entries) -> dict:
     return caps
 
 def blob_texts(git: str, root: str, caps: dict, seconds: float) -> tuple[dict, bool]:
-    """The text of each blob of CAPS no larger than its cap, by hash; and whether all was read."""
+    """The text of each blob of CAPS no larger than its cap, by hash; and whether all
+    was read."""
     listing, listed = git_output(
         git,
         root,
@@ -353,7 +363,8 @@ def read_history(git: str | None, root: str) -> History:
     return History(stamp=stamp, values=frozenset(values), complete=logged and read)
 
 def open_project(root: str, previous: Project | None = None) -> Project:
-    """The project at ROOT as the tools see it: real root, rules, secrets and trusted programs."""
+    """The project at ROOT as the tools see it: real root, rules, secrets and trusted
+    programs."""
     real_root = os.path.realpath(root)
     programs = {
         **{name: find_program(name, real_root) for name in TRUSTED_PROGRAMS},
@@ -381,7 +392,8 @@ def open_project(root: str, previous: Project | None = None) -> Project:
     )
 
 def current(project: Project) -> Project:
-    """PROJECT, with its rules read again if a rules file changed since they were read."""
+    """PROJECT, with its rules read again if a rules file changed since they were
+    read."""
     if rules_stamps(project.root) == project.stamps:
         return project
     return replace(project, **read_rules(project.root))

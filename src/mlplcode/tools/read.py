@@ -7,7 +7,8 @@ from . import PathRefused, observation
 from .paths import open_directory, resolve_path
 
 def count_lines(text: str) -> int:
-    """Count lines as editors and PATCH number them: a last line without a newline counts."""
+    """Count lines as editors and PATCH number them: a last line without a newline
+    counts."""
     return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
 
 READ_CAP_BYTES = 256 * 1024
@@ -41,8 +42,8 @@ def kind_of(mode: int) -> str:
 
 
 def check_regular(info: os.stat_result, shown: str) -> None:
-    """Refuse all but a regular file with one name: a FIFO blocks, a device never ends, and a
-    second hard link may be a name for a file outside the project."""
+    """Refuse all but a regular file with one name: a FIFO blocks, a device never ends,
+    and a second hard link may be a name for a file outside the project."""
     if not stat.S_ISREG(info.st_mode):
         raise PathRefused(
             f"{shown}: is {kind_of(info.st_mode)}, not a regular file;"
@@ -55,7 +56,8 @@ def check_regular(info: os.stat_result, shown: str) -> None:
         )
 
 def read_bytes(path: str, shown: str) -> bytes:
-    """Read a resolved file whole, after checking that it is a regular file of modest size.
+    """Read a resolved file whole, after checking that it is a regular file of modest
+    size.
 
     The file and every directory on its way are opened without following a symlink,
     the file without blocking, and the checks are repeated on what was opened, so a
@@ -103,8 +105,8 @@ def read_bytes(path: str, shown: str) -> bytes:
     return data
 
 def read_text(path: str, shown: str) -> str:
-    """Read a resolved file as text, for READ and PATCH; refuses what read_bytes refuses,
-    and binary files, each with a hint of what to do instead."""
+    """Read a resolved file as text, for READ and PATCH; refuses what read_bytes
+    refuses, and binary files, each with a hint of what to do instead."""
     text = decode_text(read_bytes(path, shown))
     if text is None:
         raise PathRefused(
@@ -113,7 +115,8 @@ def read_text(path: str, shown: str) -> str:
     return text
 
 def read_file(action: dict, project) -> dict:
-    """READ: show a text file under a header with its line count, so lines can be cited."""
+    """READ: show a text file under a header with its line count, so lines can be
+    cited."""
     shown = action["path"]
     text = read_text(resolve_path(project, shown), shown)
     return observation(f"{shown} ({count_lines(text)} lines)\n{text}")
@@ -125,7 +128,8 @@ def check_read(action: dict, project) -> None:
         check_regular(os.lstat(path), action["path"])
 
 def read_if_text(path: str) -> str | None:
-    """Give a file's text, or None for a file a READ would refuse, or that cannot be read."""
+    """Give a file's text, or None for a file a READ would refuse, or that cannot be
+    read."""
     try:
         return decode_text(read_bytes(path, path))
     except (PathRefused, OSError):

@@ -25,7 +25,8 @@ from . import failure, observation
 from .paths import ignore_rules, open_directory, resolve_path
 from .write import AGENT_FILES, GIT_DIRECTORY_NAMES, GIT_FILES
 
-# Repository settings that make git status or diff run a program or read another repository.
+# Repository settings that make git status or diff run a program or read another
+# repository.
 RISKY_GIT_SETTINGS = re.compile(
     r"filter\.|include\.|includeif\.|core\.worktree|core\.fsmonitor"
     r"|diff\.external|diff\..*\.(command|textconv)|core\.pager"
@@ -47,8 +48,8 @@ def risky_git_settings(git: str, root: str, environment: dict) -> list[str]:
     return [name for name in listed.stdout.split() if RISKY_GIT_SETTINGS.match(name)]
 
 def repository_of(root: str) -> str:
-    """The work tree of the repository ROOT lies in: ROOT or the nearest directory above it
-    that holds a .git; ROOT itself when none does."""
+    """The work tree of the repository ROOT lies in: ROOT or the nearest directory above
+    it that holds a .git; ROOT itself when none does."""
     directory = root
     while not os.path.lexists(os.path.join(directory, ".git")):
         if os.path.dirname(directory) == directory:
@@ -58,7 +59,8 @@ def repository_of(root: str) -> str:
 
 
 def git_variables(top: str) -> dict:
-    """The environment that points git at the repository of work tree TOP and no other."""
+    """The environment that points git at the repository of work tree TOP and no
+    other."""
     return {
         "GIT_DIR": os.path.join(top, ".git"),
         "GIT_WORK_TREE": top,
@@ -66,8 +68,9 @@ def git_variables(top: str) -> dict:
     }
 
 def repository_directories(top: str) -> list[str]:
-    """What git reads of the repository of work tree TOP: its .git and, when .git is a file
-    that points elsewhere, the directory it names and that one's common directory."""
+    """What git reads of the repository of work tree TOP: its .git and, when .git is a
+    file that points elsewhere, the directory it names and that one's common directory.
+    """
     dot_git = os.path.join(top, ".git")
     found = [dot_git]
     if os.path.isfile(dot_git) and not os.path.islink(dot_git):
@@ -100,7 +103,8 @@ class Output:
     total: int = 0
 
 def drain(process: subprocess.Popen, deadline: float) -> Output | None:
-    """Read the program's output to its end, keeping its head and tail; None at the deadline.
+    """Read the program's output to its end, keeping its head and tail; None at the
+    deadline.
 
     Memory stays bounded whatever the program prints. Once the program has exited,
     what is left of its process group is killed, so that a child it left running
@@ -136,8 +140,8 @@ def stamp(path: str) -> tuple:
     return info.st_ino, stat.S_IFMT(info.st_mode)
 
 def survey(root: str, rules, secret_files) -> tuple[list[str], dict]:
-    """One walk of the root, links not followed: the paths to mask in the sandbox, and git's
-    metadata with the stamp of each.
+    """One walk of the root, links not followed: the paths to mask in the sandbox, and
+    git's metadata with the stamp of each.
 
     Masked are SECRET_FILES, what RULES (.mlplcodeignore, or None) excludes, and the
     other names of any file among them. Git's metadata is every .git, .gitattributes
@@ -179,8 +183,9 @@ def survey(root: str, rules, secret_files) -> tuple[list[str], dict]:
     )
 
 def remove_planted(root: str, before: dict) -> list[str]:
-    """Remove git's metadata that is new since BEFORE, or not the same file: a .git or git
-    file whole, the HEAD of a directory that became a repository. Gives what was removed.
+    """Remove git's metadata that is new since BEFORE, or not the same file: a .git or
+    git file whole, the HEAD of a directory that became a repository. Gives what was
+    removed.
     """
     removed = []
     for path, mark in sorted(survey(root, None, ())[1].items()):
@@ -203,7 +208,8 @@ def remove_planted(root: str, before: dict) -> list[str]:
     return removed
 
 def protected_paths(root: str, metadata: dict) -> list[str]:
-    """What a sandboxed program may read but not change: the agent's own files, git's metadata."""
+    """What a sandboxed program may read but not change: the agent's own files, git's
+    metadata."""
     paths = [os.path.join(root, name) for name in AGENT_FILES] + sorted(metadata)
     return [
         path for path in paths if os.path.lexists(path) and not os.path.islink(path)
@@ -215,7 +221,8 @@ KILLED_SECONDS = 5
 def run_process(
     argv: list[str], project, protected: list[str], masked: list[str], variables: dict
 ) -> tuple[int, Output] | None:
-    """Run argv in the root without a shell; give (exit code, output), or None on timeout.
+    """Run argv in the root without a shell; give (exit code, output), or None on
+    timeout.
 
     With bubblewrap, the program runs in its sandbox (chapter "Trust"), PROTECTED paths
     read-only and MASKED ones emptied; either way it gets the allow-listed environment
@@ -256,7 +263,8 @@ PYTEST_FAILURE_SUMMARY = re.compile(r"\b\d+ (failed|errors?)\b")
 
 
 def pytest_passed(exit_code: int, output: str) -> bool:
-    """Say whether a pytest run passed: exit code 0 and a final summary without failures.
+    """Say whether a pytest run passed: exit code 0 and a final summary without
+    failures.
 
     The summary is checked too in case a plugin or conftest forces exit code 0.
     """
@@ -272,7 +280,8 @@ def steady_output(output: str, root: str) -> str:
     return TIMING.sub("", output.replace(os.path.realpath(root), "."))
 
 def show_output(output: Output, root: str) -> str:
-    """The output as text for the model: head and tail made steady, and how many bytes were cut."""
+    """The output as text for the model: head and tail made steady, and how many bytes
+    were cut."""
     head, tail = (
         steady_output(part.decode("utf-8", "replace"), root)
         for part in (output.head, output.tail)
@@ -281,7 +290,8 @@ def show_output(output: Output, root: str) -> str:
     return f"{head}\n[... {cut} bytes cut ...]\n{tail}" if cut else head + tail
 
 def run_command(action: dict, project) -> dict:
-    """RUN: run pytest or git status/diff in the root; report the exit code and capped output.
+    """RUN: run pytest or git status/diff in the root; report the exit code and capped
+    output.
 
     Refuses every other program, option and path, anything written for a shell, and
     the tests when their Python lies in the project, before anything starts. A
@@ -306,7 +316,8 @@ def run_command(action: dict, project) -> dict:
     if kind == "git":
         if not project.programs["git"]:
             return failure(
-                "git is not installed on this machine; RUN git status or diff is unavailable"
+                "git is not installed on this machine; RUN git status or diff is"
+                " unavailable"
             )
         top = repository_of(root)
         variables = git_variables(top)
@@ -341,13 +352,13 @@ def run_command(action: dict, project) -> dict:
     ] * bool(planted)
     if result is None:
         return failure(
-            "\n".join(
-                [
-                    f"timed out after {RUN_TIMEOUT_SECONDS:g} s and was killed ({mode});"
-                    " run fewer tests (one file, -x) or fix what hangs",
-                    *removed,
-                ]
-            )
+            "\n".join([
+                (
+                    f"timed out after {RUN_TIMEOUT_SECONDS:g} s and was killed"
+                    f" ({mode}); run fewer tests (one file, -x) or fix what hangs"
+                ),
+                *removed,
+            ])
         )
     exit_code, output = result[0], show_output(result[1], root)
     fields = {"exit_code": exit_code, "kind": kind, "sandboxed": sandboxed}

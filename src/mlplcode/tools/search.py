@@ -1,4 +1,5 @@
-"""Searching: a literal string in the project's text files, with ripgrep or in Python."""
+"""Searching: a literal string in the project's text files, with ripgrep or in
+Python."""
 
 import contextlib
 import os
@@ -62,13 +63,15 @@ def walk_searchable(
             yield relative
 
 def lines_matching(relative: str, text: str, query: str) -> Iterator[Match]:
-    """Yield the lines of one file's text that contain the query literally, numbered from 1."""
+    """Yield the lines of one file's text that contain the query literally, numbered
+    from 1."""
     for number, line in enumerate(text.split("\n"), start=1):
         if query in line:
             yield Match(relative, number, line)
 
 def python_matches(project, query: str, deadline: float) -> Iterator[Match]:
-    """Search in pure Python, for machines without ripgrep; yields matches in path order.
+    """Search in pure Python, for machines without ripgrep; yields matches in path
+    order.
 
     Raises SearchTimedOut when the deadline passes, checked before each file.
     """
@@ -121,7 +124,8 @@ def ripgrep_command(project, query: str) -> list[str]:
     return command + ["--regexp", query, "."]
 
 def ripgrep_records(lines: Iterator[bytes]) -> Iterator[bytes]:
-    """The records of `rg --null` output, each whole though its path may hold newlines."""
+    """The records of `rg --null` output, each whole though its path may hold
+    newlines."""
     pending = b""
     for line in lines:
         pending += line
@@ -131,7 +135,8 @@ def ripgrep_records(lines: Iterator[bytes]) -> Iterator[bytes]:
 
 
 def parse_ripgrep_line(raw: bytes) -> Match:
-    """Split one line of `rg --null` output, `./path NUL number : text`, into a Match."""
+    """Split one line of `rg --null` output, `./path NUL number : text`, into a
+    Match."""
     path, _, rest = raw.removesuffix(b"\n").partition(b"\0")
     number, _, text = rest.partition(b":")
     return Match(
@@ -141,7 +146,8 @@ def parse_ripgrep_line(raw: bytes) -> Match:
     )
 
 def ripgrep_matches(project, query: str, deadline: float) -> Iterator[Match]:
-    """Search with ripgrep, dropping the files that python_matches would skip as not text.
+    """Search with ripgrep, dropping the files that python_matches would skip as not
+    text.
 
     rg is killed when the caller stops reading, so a capped search ends early,
     and when the deadline passes, which raises SearchTimedOut.
@@ -172,13 +178,14 @@ def ripgrep_matches(project, query: str, deadline: float) -> Iterator[Match]:
             rg.kill()
 
 def unnameable(path: str) -> bool:
-    """Whether READ could not be given PATH: it holds a newline or what spelling_problem refuses."""
+    """Whether READ could not be given PATH: it holds a newline or what spelling_problem
+    refuses."""
     return "\n" in path or spelling_problem(path) is not None
 
 
 def first_files(matches: Iterator[Match]) -> tuple[list[Match], str, int]:
-    """Keep the matches of the first SEARCH_MAX_FILES files; say why the search stopped early,
-    and how many matching files were left out because READ could not name them.
+    """Keep the matches of the first SEARCH_MAX_FILES files; say why the search stopped
+    early, and how many matching files were left out because READ could not name them.
 
     The reason is "" when it ran to the end, else a phrase for the summary line:
     stopping at the file cap or the deadline bounds the time and memory of a
@@ -212,10 +219,8 @@ def format_matches(query: str, matches: list[Match], stopped: str, unnamed: int)
     model knows its answer is partial and can narrow the query.
     """
     left_out = (
-        (
-            f"[{unnamed} matching file(s) left out: a name holds a newline or a character"
-            " READ refuses]"
-        )
+        f"[{unnamed} matching file(s) left out: a name holds a newline or a character"
+        " READ refuses]"
         if unnamed
         else ""
     )
@@ -238,9 +243,11 @@ def format_matches(query: str, matches: list[Match], stopped: str, unnamed: int)
     return "\n".join(filter(None, [*lines, left_out]))
 
 def search_files(action: dict, project) -> dict:
-    """SEARCH: find a literal string in the project's text files, with ripgrep when installed.
+    """SEARCH: find a literal string in the project's text files, with ripgrep when
+    installed.
 
-    Refuses an empty query and one holding a newline or NUL: matches are within one line.
+    Refuses an empty query and one holding a newline or NUL: matches are within one
+    line.
     """
     query = action["query"]
     if not query or "\n" in query or "\0" in query:

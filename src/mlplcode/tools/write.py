@@ -1,4 +1,5 @@
-"""Writing and patching: whole files replaced atomically, and one exact occurrence replaced."""
+"""Writing and patching: whole files replaced atomically, and one exact occurrence
+replaced."""
 
 import difflib
 import errno
@@ -11,7 +12,8 @@ from .paths import open_directory, resolve_path
 from .read import READ_CAP_BYTES, check_regular, count_lines, read_text
 
 def write_atomically(path: str, content: str, root: str, shown: str) -> None:
-    """Replace a file's content so that a crash leaves either the old file or the new one.
+    """Replace a file's content so that a crash leaves either the old file or the new
+    one.
 
     Every step is taken relative to the directory, reached from / without following a
     link (missing directories below ROOT are made), so no swap on the way can move
@@ -63,8 +65,8 @@ GIT_FILES = (".gitattributes", ".gitmodules")
 GIT_DIRECTORY_NAMES = frozenset({"HEAD", "objects", "refs"})
 
 def git_directory_made(root: str, relative: str) -> str | None:
-    """The directory on the way to RELATIVE (the root included) that holds, or would hold
-    once RELATIVE is written, HEAD, objects and refs; None when there is none."""
+    """The directory on the way to RELATIVE (the root included) that holds, or would
+    hold once RELATIVE is written, HEAD, objects and refs; None when there is none."""
     directory = root
     for part in relative.split("/"):
         present = {
@@ -122,8 +124,8 @@ INTERPRETER_FILES = ("sitecustomize.py", "usercustomize.py")
 
 
 def write_category(path: str) -> str:
-    """The policy category of a WRITE or PATCH of PATH: "interpreter" for a file Python runs
-    at every start (.pth, sitecustomize.py, usercustomize.py), else "write"."""
+    """The policy category of a WRITE or PATCH of PATH: "interpreter" for a file Python
+    runs at every start (.pth, sitecustomize.py, usercustomize.py), else "write"."""
     name = path.rstrip("/").rsplit("/", 1)[-1].casefold()
     return (
         "interpreter" if name.endswith(".pth") or name in INTERPRETER_FILES else "write"
@@ -133,7 +135,8 @@ WRITE_CAP_BYTES = READ_CAP_BYTES
 
 
 def check_content(content: str, shown: str) -> None:
-    """Refuse content that READ could not read back: over the write cap, or holding a NUL."""
+    """Refuse content that READ could not read back: over the write cap, or holding a
+    NUL."""
     if "\0" in content:
         raise PathRefused(
             f"{shown}: the content holds a NUL byte, which makes a file that READ"
@@ -162,7 +165,8 @@ def line_number(text: str, index: int) -> int:
     return text.count("\n", 0, index) + 1
 
 def occurrences(text: str, old: str) -> list[int]:
-    """Give every index where OLD starts in text; overlapping ones count, as each is a candidate."""
+    """Give every index where OLD starts in text; overlapping ones count, as each is a
+    candidate."""
     starts = []
     index = text.find(old)
     while index != -1:
@@ -187,7 +191,8 @@ def closest_window(lines: list[str], old_lines: list[str]) -> int:
     return max(range(max(1, len(lines) - size + 1)), key=similarity)
 
 def not_found_message(shown: str, text: str, old: str) -> str:
-    """Explain a missed OLD and show the most similar lines, numbered, for the model to copy."""
+    """Explain a missed OLD and show the most similar lines, numbered, for the model to
+    copy."""
     lines = text.split("\n")
     old_lines = old.removesuffix("\n").split("\n")
     start = closest_window(lines, old_lines)
@@ -201,7 +206,8 @@ def not_found_message(shown: str, text: str, old: str) -> str:
     )
 
 def ambiguous_message(shown: str, text: str, starts: list[int]) -> str:
-    """Say how often and on which lines OLD occurs; the first 20 lines are enough to locate it."""
+    """Say how often and on which lines OLD occurs; the first 20 lines are enough to
+    locate it."""
     numbers = [str(line_number(text, start)) for start in starts]
     listed = ", ".join(numbers[:20]) + (", ..." if len(numbers) > 20 else "")
     return (
