@@ -94,13 +94,18 @@ def source_blocks(page):
     return [{**block, "label": block["label"] and block["label"].strip()} for block in parser.blocks]
 
 
+def as_written(text):
+    """TEXT with each reference set as the book writes it: <<name>>, not ⟨name⟩."""
+    return text and re.sub(r"⟨([^⟨⟩\"]+)⟩", r"<<\1>>", text)
+
+
 def test_the_web_page_holds_every_src_block_with_its_label(exported, book):
     directory, _ = exported
     blocks = source_blocks((directory / "mlplcode.html").read_text())
     tangler = load_tangler()
     expected = [(block_label(book, i), "\n".join(tangler.normalize_body(book.doc, block)))
                 for i, block in enumerate(book.doc.blocks)]
-    assert [(b["label"], b["code"]) for b in blocks] == expected
+    assert [(as_written(b["label"]), as_written(b["code"])) for b in blocks] == expected
     assert all(label for label, _ in expected), "every block of the book is tangled or named"
 
 
@@ -108,7 +113,8 @@ def test_the_web_page_stands_alone(exported):
     directory, _ = exported
     page = (directory / "mlplcode.html").read_text()
     assert '<nav id="TOC"' in page
-    assert not re.search(r"<(link|script|img|iframe|object|embed)\b", page)
+    assert not re.search(r"<(link|img|iframe|object|embed)\b", page)
+    assert re.findall(r"<script\b[^>]*>", page) == ["<script>"], "one script, inside the page"
     assert not re.search(r"<h[1-6][^>]*header-args", page)
 
 
@@ -158,14 +164,31 @@ Then used, with a shift that is not a reference.
 <<helper>>
 
 
-print(helper(), 1 << 2)
+<<farewell>>
+
+
+print(helper(), 1 << 2, farewell())
+#+end_src
+
+* Farewell
+
+The farewell is written in two parts.
+
+#+begin_src python :noweb-ref farewell :tangle no
+def farewell():
+#+end_src
+
+Its second part returns.
+
+#+begin_src python :noweb-ref farewell :tangle no
+    return "bye"
 #+end_src
 """
 
 
 @pytest.fixture(scope="module")
 def small_export(tmp_path_factory):
-    """A two-block book with a noweb reference, exported."""
+    """A small book with a named block and a :noweb-ref in two parts, exported."""
     directory = tmp_path_factory.mktemp("small")
     (directory / "book.org").write_text(SMALL_BOOK)
     with contextlib.redirect_stdout(io.StringIO()):
@@ -175,11 +198,48 @@ def small_export(tmp_path_factory):
 
 def test_a_noweb_reference_links_to_the_block_it_names(small_export):
     page = (small_export / "mlplcode.html").read_text()
-    named, user = source_blocks(page)
-    assert (named["id"], named["label"]) == ("helper", "<<helper>>")
-    assert user["label"] == "greet.py"
-    assert user["code"] == '<<helper>>\n\n\nprint(helper(), 1 << 2)'
-    assert page.count('<a class="noweb" href="#helper">&lt;&lt;helper&gt;&gt;</a>') == 1
+    named, user, first, second = source_blocks(page)
+    assert (named["id"], named["label"]) == ("ref:helper", "⟨helper⟩")
+    assert (user["id"], user["label"]) == ("file:greet.py:1", "greet.py")
+    assert user["code"] == "⟨helper⟩\n\n\n⟨farewell⟩\n\n\nprint(helper(), 1 << 2, farewell())"
+    assert (first["id"], second["id"]) == ("ref:farewell", "ref:farewell:2")
+    assert page.count('<a class="ref" href="#ref:helper">⟨helper⟩</a>') == 1
+    assert page.count('<a class="ref" href="#ref:farewell">⟨farewell⟩</a>') == 1
+    assert page.count('class="ref"') == 2, "a shift is not a reference"
+
+
+def notes(page):
+    """The text of each note under a block of PAGE, in order."""
+    found = re.findall(r'<div class="src-note">(.*?)</div>', page, re.S)
+    return [" ".join(html.unescape(re.sub(r"<[^>]+>", "", note)).split()) for note in found]
+
+
+def test_each_part_says_where_it_is_used_and_names_the_others(small_export):
+    page = (small_export / "mlplcode.html").read_text()
+    assert notes(page) == [
+        "Used in greet.py §1.",
+        "Part 1 of 2, with §2. Used in greet.py §1.",
+        "Part 2 of 2, with §2. Used in greet.py §1.",
+    ]
+    assert re.findall(r'<div class="src-note">\s*Part 1 of 2, with <a href="([^"]+)">', page) == [
+        "#ref:farewell:2"]
+    assert page.count('href="#file:greet.py:1"') == 3 + 3  # three notes, three index lines
+
+
+def test_an_index_of_names_and_files_closes_the_book(small_export):
+    page = (small_export / "mlplcode.html").read_text()
+    index = page[page.index('id="index"'):]
+    items = [" ".join(html.unescape(re.sub(r"<[^>]+>", "", item)).split())
+             for item in re.findall(r"<li>(.*?)</li>", index, re.S)]
+    assert items == [
+        "⟨farewell⟩: §2 and §2; used in greet.py §1.",
+        "⟨helper⟩: §1; used in greet.py §1.",
+        "greet.py: 1 block, §1.",
+    ]
+    markdown = (small_export / "mlplcode.md").read_text()
+    assert "`<<farewell>>`: [“Farewell”](#farewell)" in markdown
+    text = (small_export / "mlplcode.txt").read_text()
+    assert "Used in greet.py, in “Greeting”." in " ".join(text.split())
 
 
 def test_markdown_and_text_carry_the_labels_too(small_export):

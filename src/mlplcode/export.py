@@ -1,16 +1,20 @@
 """Write the book as HTML, PDF, Markdown and plain text, evaluating nothing."""
 import importlib.util
+import json
 import os
+import re
 import sys
+from collections import Counter
 
-CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHECKOUT = os.path.dirname(os.path.dirname(HERE))
 BOOK = os.path.join(CHECKOUT, "mlplcode.org")
 TANGLER = os.path.join(CHECKOUT, "tangle", "tangle.py")
 DEFAULT_DIRECTORY = os.path.join(CHECKOUT, "export", "build")
 
 def export_file(name):
-    """The path of a file this chapter tangles for pandoc or Typst: filter, stylesheet, template."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "export_files", name)
+    """The path of a file this chapter tangles for pandoc or Typst."""
+    return os.path.join(HERE, "export_files", name)
 
 INSTALL = "pip install 'mlplcode[export]'"
 
@@ -18,73 +22,158 @@ class MissingTool(Exception):
     """An export tool that is not installed; the message says how to install it."""
 
 def check_tools():
-    """Refuse, before anything is written, when pypandoc, its pandoc, or typst is missing."""
+    """Refuse, before anything is written, when pypandoc, its pandoc or typst is missing."""
     try:
         import pypandoc
         import typst  # noqa: F401 (imported again where it is used)
     except ImportError as error:
-        raise MissingTool(f"{error.name} is not installed; install the export tools with {INSTALL}") from None
+        raise MissingTool(f"{error.name} is not installed; "
+                          f"install the export tools with {INSTALL}") from None
     try:
         pypandoc.get_pandoc_path()
     except OSError:
-        raise MissingTool(f"pypandoc finds no pandoc; install the export tools with {INSTALL}") from None
+        raise MissingTool("pypandoc finds no pandoc; "
+                          f"install the export tools with {INSTALL}") from None
 
 def load_tangler():
-    """Import tangle/tangle.py from the checkout: only the tangler knows where each block goes."""
+    """Import tangle/tangle.py from the checkout: only it knows where each block goes."""
     spec = importlib.util.spec_from_file_location("tangle", TANGLER)
     tangler = importlib.util.module_from_spec(spec)
     sys.modules["tangle"] = tangler  # its dataclasses look their module up here
     spec.loader.exec_module(tangler)
     return tangler
 
-def block_label(book, i):
-    """Block I's label: the file it tangles to, else the <<name>> it is used by, else None."""
-    block, params = book.doc.blocks[i], book.params[i]
-    hidden = block.heading and (block.heading.commented or block.heading.archived)
-    if params["tangle"][0] != "no" and not hidden:
-        return params["tangle"][0]
-    name = block.name or params.get("noweb-ref", (None,))[0]
-    return f"<<{name}>>" if name else None
-
-def labelled_text(path):
-    """The book at PATH with each block's label on its #+begin_src line, as :label "...".
-
-    Refuses a book that does not tangle.
-    """
+def read_book(path):
+    """The tangler, and the book at PATH tangled in memory; refuses a book that does not tangle."""
     tangler = load_tangler()
     try:
         book = tangler.open_book(path)
         tangler.tangle_book(book)
     except tangler.Refusal as refusal:
         raise ValueError(f"the book does not tangle: {refusal}") from None
-    lines = list(book.doc.lines)
+    return tangler, book
+
+def block_file(book, i):
+    """The file block I is tangled to, or None."""
+    heading = book.doc.blocks[i].heading
+    hidden = heading and (heading.commented or heading.archived)
+    target = book.params[i]["tangle"][0]
+    return None if target == "no" or hidden else target
+
+def block_name(book, i):
+    """The name a reference would give block I: its #+NAME, else its :noweb-ref, else None."""
+    return book.doc.blocks[i].name or book.params[i].get("noweb-ref", (None,))[0]
+
+
+def block_label(book, i):
+    """Block I's label as plain text: its file, else <<name>>, else None."""
+    file, name = block_file(book, i), block_name(book, i)
+    return file or (f"<<{name}>>" if name else None)
+
+def references(tangler, book, i):
+    """The names block I refers to, in order; none unless the tangler expanded them."""
+    mode = tangler.parameter(book, i, "noweb", "no")
+    if i not in book.uses or not any(tangler.NOWEB_EXPANDS[mode]):
+        return []
+    return [match.group(1) for line in tangler.body(book, i)
+            for match in tangler.NOWEB.finditer(line)]
+
+def definitions(tangler, book):
+    """Each name the book refers to, with the blocks that define it: its parts, in order."""
+    defined = {}
     for i, block in enumerate(book.doc.blocks):
-        label = block_label(book, i)
-        if label:
-            lines[block.line - 1] += f' :label "{label}"'
-    return "\n".join(lines)
+        for name in references(tangler, book, i):
+            if name not in defined:
+                where = (book.doc.path, block.line)
+                defined[name] = tangler.resolve(book, name, where)
+    return defined
+
+def anchors(book, defined):
+    """A readable identifier for each block, unique in the book."""
+    parts = {j: (name, k) for name, blocks in defined.items()
+             for k, j in enumerate(blocks, 1)}
+    ids, taken, files = [], set(), Counter()
+    for i, block in enumerate(book.doc.blocks):
+        file, name = block_file(book, i), block_name(book, i)
+        if i in parts:
+            name, k = parts[i]
+            wanted = f"ref:{name}" + (f":{k}" if k > 1 else "")
+        elif file:
+            files[file] += 1
+            wanted = f"file:{file}:{files[file]}"
+        else:
+            wanted = f"ref:{name}" if name else f"block:{block.line}"
+        wanted = re.sub(r"[^\w.:/-]", "-", wanted)
+        anchor, n = wanted, 1
+        while anchor in taken:
+            n += 1
+            anchor = f"{wanted}~{n}"
+        taken.add(anchor)
+        ids.append(anchor)
+    return ids
+
+def cross_references(tangler, book):
+    """Each block's file, name, links and definitions, by identifier; the index's entries."""
+    defined = definitions(tangler, book)
+    ids = anchors(book, defined)
+    refers = [list(dict.fromkeys(references(tangler, book, i))) for i in range(len(ids))]
+    fragments = {name: {"name": name, "parts": [ids[j] for j in parts],
+                        "used_in": [ids[i] for i in range(len(ids)) if name in refers[i]]}
+                 for name, parts in defined.items()}
+    blocks, files = {}, {}
+    for i, anchor in enumerate(ids):
+        file = block_file(book, i)
+        if file:
+            files.setdefault(file, []).append(anchor)
+        entry = {"file": file, "name": block_name(book, i),
+                 "links": {name: fragments[name]["parts"][0] for name in refers[i]},
+                 "defines": [fragments[name] for name, parts in defined.items() if i in parts]}
+        blocks[anchor] = {key: value for key, value in entry.items() if value is not None}
+    return {"blocks": blocks,
+            "fragments": [fragments[name] for name in sorted(defined, key=str.lower)],
+            "files": [{"path": path, "blocks": files[path]} for path in sorted(files)]}
+
+def labelled_text(path):
+    """The book at PATH for pandoc: each block's :anchor, and its cross-references at the end.
+
+    Refuses a book that does not tangle.
+    """
+    tangler, book = read_book(path)
+    links = cross_references(tangler, book)
+    lines = list(book.doc.lines)
+    for block, anchor in zip(book.doc.blocks, links["blocks"]):
+        lines[block.line - 1] += f' :anchor "{anchor}"'
+    data = json.dumps(links, ensure_ascii=True)
+    return "\n".join(lines + ["", "#+begin_export mlplcode", data, "#+end_export", ""])
 
 def pandoc(text, writer, options):
     """The labelled org TEXT converted by pandoc's WRITER, through the book's filter, as bytes."""
     import pypandoc
-    converted = pypandoc.convert_text(text, writer, format="org+gfm_auto_identifiers", extra_args=[
-        "--standalone", "--toc", "--lua-filter=" + export_file("book.lua"), *options])
+    converted = pypandoc.convert_text(
+        text, writer, format="org+gfm_auto_identifiers",
+        extra_args=["--standalone", "--toc", "--lua-filter=" + export_file("book.lua"),
+                    *options])
     return converted.encode("utf-8")
 
 def html(text):
-    """One web page that needs no other file: the stylesheet goes inside it."""
+    """One web page that needs no other file: the stylesheet and the script go inside it."""
     with open(export_file("book.css"), encoding="utf-8") as f:
         style = f.read()
-    return pandoc(text, "html5", ["--toc-depth=2", "--number-sections", "--metadata=lang=en",
-                                  "--metadata=document-css=false",
-                                  "--variable=header-includes=<style>\n" + style + "</style>"])
+    with open(export_file("book.js"), encoding="utf-8") as f:
+        script = f.read()
+    return pandoc(text, "html5", [
+        "--toc-depth=2", "--number-sections", "--metadata=lang=en",
+        "--metadata=document-css=false",
+        "--variable=header-includes=<style>\n" + style + "</style>",
+        "--variable=include-after=<script>\n" + script + "</script>"])
 
 PDF_CLOCK = 0  # seconds since 1970: any fixed instant will do
 
 def pdf(text):
     """The book typeset by Typst, with its own fonts only and a fixed clock."""
     import typst
-    source = pandoc(text, "typst", ["--toc-depth=2", "--template=" + export_file("book-template.typ")])
+    source = pandoc(text, "typst", ["--toc-depth=2",
+                                    "--template=" + export_file("book-template.typ")])
     return typst.compile(source, ignore_system_fonts=True, timestamp=PDF_CLOCK)
 
 def markdown(text):
