@@ -154,8 +154,9 @@ MAY_BE_STRUCTURE = re.compile(r"[ \t]*[*#:\\]")
 MAY_BE_KEYWORD = re.compile(r"[ \t]*#")
 
 AFFILIATED = re.compile(
-    r"[ \t]*#\+(?:(CAPTION|RESULTS)(?:\[.*\])?|(DATA|HEADERS?|LABEL|NAME|PLOT|RESNAME|RESULT"
-    r"|SOURCE|SRCNAME|TBLNAME)|(ATTR_[-_A-Za-z0-9]+)):[ \t]*(.*?)[ \t]*",
+    r"[ \t]*#\+(?:(CAPTION|RESULTS)(?:\[.*\])?"
+    r"|(DATA|HEADERS?|LABEL|NAME|PLOT|RESNAME|RESULT|SOURCE|SRCNAME|TBLNAME)"
+    r"|(ATTR_[-_A-Za-z0-9]+)):[ \t]*(.*?)[ \t]*",
     re.I,
 )
 OLD_NAMES = ("data", "label", "resname", "source", "srcname", "tblname")
@@ -325,12 +326,17 @@ def skip_raw(doc, i, first, closes, what, limit):
         line = doc.lines[j]
         if closes(line):
             if open_src is not None:
-                raise Refusal(doc.path, open_src, f"#+begin_src without #+end_src inside {what}")
+                raise Refusal(
+                    doc.path, open_src, f"#+begin_src without #+end_src inside {what}"
+                )
             check_within(doc.path, i, j, limit, what)
             return j + 1
         if HEADING.match(line):
-            raise Refusal(doc.path, j + 1, f"a heading line inside {what} ends it in Org: "
-                          "escape it as ',* '")
+            raise Refusal(
+                doc.path,
+                j + 1,
+                f"a heading line inside {what} ends it in Org: escape it as ',* '",
+            )
         if BEGIN_SRC.match(line):
             open_src = j + 1
         elif END_SRC.fullmatch(line):
@@ -443,21 +449,36 @@ def read_block(doc, i, heading, limit):
     for j in range(i + 1, len(lines)):
         line = lines[j]
         if line[:1] == "*" and HEADING.match(line):
-            raise Refusal(path, j + 1, "a line starting with '* ' inside a block ends it in Org: escape it as ',* '")
+            raise Refusal(
+                path,
+                j + 1,
+                "a line starting with '* ' inside a block ends it in Org:"
+                " escape it as ',* '",
+            )
         if not MAY_BE_KEYWORD.match(line):
             continue
         if END_SRC.fullmatch(line):
             break
         if re.match(r"[ \t]*#\+end_src", line, re.I):
-            raise Refusal(path, j + 1, "a line starting with #+end_src inside a block: Emacs's "
-                          "search for blocks stops there; escape it as ',#+end_src'")
+            raise Refusal(
+                path,
+                j + 1,
+                "a line starting with #+end_src inside a block: Emacs's search for"
+                " blocks stops there; escape it as ',#+end_src'",
+            )
         note_hidden_name(doc, j)
     else:
-        raise Refusal(path, number, "#+begin_src without #+end_src (Org reads it as text)")
+        raise Refusal(
+            path, number, "#+begin_src without #+end_src (Org reads it as text)"
+        )
     check_within(path, i, j, limit, "the block")
     begin = BEGIN_SRC.match(lines[i])
     if not begin.group(1):
-        raise Refusal(path, number, "a src block needs a language after a space: '#+begin_src python'")
+        raise Refusal(
+            path,
+            number,
+            "a src block needs a language after a space: '#+begin_src python'",
+        )
     headers, name, name_line, name_hidden_by = affiliated_keywords(doc, i)
     if heading:
         heading.block_count += 1

@@ -342,6 +342,12 @@ document.getElementById("book").addEventListener("load", function () {{
     whiteSpace: Array.from(new Set(blocks.map(pre => getComputedStyle(pre.querySelector("code") || pre).whiteSpace))),
     lines: lines.length,
     misaligned: misaligned.map(line => line.textContent.slice(0, 80)),
+    words: page.querySelectorAll(":not(pre) > code .nb").length,
+    brokenWords: Array.from(page.querySelectorAll(":not(pre) > code .nb"))
+      .filter(word => word.getClientRects().length > 1).map(word => word.textContent),
+    codeToText: parseFloat(getComputedStyle(page.querySelector("div.src pre code")).fontSize)
+      / parseFloat(getComputedStyle(Array.from(page.querySelectorAll("p"))
+        .find(p => !p.closest("header, nav") && !p.className)).fontSize),
   }});
 }});
 </script>
@@ -383,7 +389,91 @@ def test_the_web_page_fits_a_phone_and_a_laptop(exported, width):
     assert measurement["whiteSpace"] == ["pre-wrap"]
     assert measurement["lines"] > 2000
     assert measurement["misaligned"] == [], "a line of code must start at its block's left edge"
+    assert measurement["words"] > 1000
+    assert measurement["brokenWords"] == [], "a word of inline code never breaks"
+    assert measurement["codeToText"] >= 0.85
     assert screenshot.stat().st_size > 10_000
+
+
+FOLLOW = """\
+<!DOCTYPE html>
+<html><body style="margin: 0">
+<iframe id="book" src="{page}#the-command-line" width="1280" height="900"
+  style="border: 0; display: block"></iframe>
+<pre id="measurement"></pre>
+<script>
+function marked(doc) {{
+  const mark = doc.querySelector("nav#TOC a.current");
+  return mark ? mark.getAttribute("href") : null;
+}}
+function inView(doc, win) {{
+  let found = null;
+  for (const link of doc.querySelectorAll('nav#TOC a[href^="#"]')) {{
+    const heading = doc.getElementById(decodeURIComponent(link.hash.slice(1)));
+    if (heading && heading.getBoundingClientRect().top <= win.innerHeight / 5) {{
+      found = link.getAttribute("href");
+    }}
+  }}
+  return found;
+}}
+document.getElementById("book").addEventListener("load", function () {{
+  const win = this.contentWindow, doc = this.contentDocument;
+  setTimeout(() => {{
+    const before = marked(doc);
+    const link = Array.from(doc.querySelectorAll("a.ref"))
+      .find(a => a.getBoundingClientRect().top > win.innerHeight);
+    const href = link.getAttribute("href");
+    link.click();
+    setTimeout(() => {{
+      const target = doc.getElementById(decodeURIComponent(href.slice(1)));
+      document.getElementById("measurement").textContent = JSON.stringify({{
+        before, href, hash: win.location.hash,
+        target: target && target.className,
+        top: target && target.getBoundingClientRect().top,
+        marked: marked(doc), inView: inView(doc, win),
+      }});
+    }}, 1000);
+  }}, 1000);
+}});
+</script>
+</body></html>
+"""
+
+
+def test_a_reference_in_the_web_page_leads_to_its_block_and_the_contents_follow(exported):
+    """Follow the first reference below the window in Chromium: the page scrolls to the
+    block it names, and the contents mark the section now in view."""
+    require_tool("chromium", "following a reference in the web page")
+    directory, _ = exported
+    frame = directory.parent / "follow.html"
+    frame.write_text(FOLLOW.format(page=(directory / "mlplcode.html").as_uri()))
+    with tempfile.TemporaryDirectory(prefix="mlplcode-chromium-") as profile:
+        result = subprocess.run(
+            ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--allow-file-access-from-files",
+             "--virtual-time-budget=10000", "--window-size=1280,1000", "--dump-dom",
+             frame.as_uri()],
+            capture_output=True, text=True, timeout=120)
+    found = re.search(r'<pre id="measurement">(.+?)</pre>', result.stdout)
+    assert found, f"no measurement from chromium: {result.stderr[-2000:]}"
+    seen = json.loads(html.unescape(found.group(1)))
+    assert seen["before"] == "#the-command-line"
+    assert seen["hash"] == seen["href"] and seen["href"].startswith("#ref:")
+    assert seen["target"] == "src"
+    assert 0 <= seen["top"] < 60, "the block is at the top of the window, its label in sight"
+    assert seen["marked"] == seen["inView"] != seen["before"]
+
+
+def test_the_pdf_says_where_each_part_is_used_with_pages(exported, small_export):
+    small = " ".join(pdf_text(small_export / "mlplcode.pdf").split())
+    assert "Part 1 of 2, with p. 2. Used in greet.py, p. 1." in small
+    directory, _ = exported
+    text = " ".join(pdf_text(directory / "mlplcode.pdf").split())
+    assert len(re.findall(r"Used in \S+, p\. \d+\.", text)) > 50
+    # the index: each name with its pages and where it is used; each file with its pages
+    assert re.search(r"⟨agent-start⟩: p\. \d+; used in src/mlplcode/agent\.py, p\. \d+\.", text)
+    assert re.search(r"src/mlplcode/loop\.py: \d+ blocks, pp?\. \d+", text)
 
 
 def test_the_book_says_how_to_read_it_in_each_form():

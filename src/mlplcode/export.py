@@ -1,4 +1,5 @@
 """Write the book as HTML, PDF, Markdown and plain text, evaluating nothing."""
+
 import importlib.util
 import json
 import os
@@ -22,21 +23,25 @@ class MissingTool(Exception):
     """An export tool that is not installed; the message says how to install it."""
 
 def check_tools():
-    """Refuse, before anything is written, when pypandoc, its pandoc or typst is missing."""
+    """Refuse, before anything is written, when pypandoc, its pandoc or typst is
+    missing."""
     try:
         import pypandoc
         import typst  # noqa: F401 (imported again where it is used)
     except ImportError as error:
-        raise MissingTool(f"{error.name} is not installed; "
-                          f"install the export tools with {INSTALL}") from None
+        raise MissingTool(
+            f"{error.name} is not installed; install the export tools with {INSTALL}"
+        ) from None
     try:
         pypandoc.get_pandoc_path()
     except OSError:
-        raise MissingTool("pypandoc finds no pandoc; "
-                          f"install the export tools with {INSTALL}") from None
+        raise MissingTool(
+            f"pypandoc finds no pandoc; install the export tools with {INSTALL}"
+        ) from None
 
 def load_tangler():
-    """Import tangle/tangle.py from the checkout: only it knows where each block goes."""
+    """Import tangle/tangle.py from the checkout: only it knows where each block
+    goes."""
     spec = importlib.util.spec_from_file_location("tangle", TANGLER)
     tangler = importlib.util.module_from_spec(spec)
     sys.modules["tangle"] = tangler  # its dataclasses look their module up here
@@ -44,7 +49,8 @@ def load_tangler():
     return tangler
 
 def read_book(path):
-    """The tangler, and the book at PATH tangled in memory; refuses a book that does not tangle."""
+    """The tangler, and the book at PATH tangled in memory; refuses a book that does not
+    tangle."""
     tangler = load_tangler()
     try:
         book = tangler.open_book(path)
@@ -61,7 +67,8 @@ def block_file(book, i):
     return None if target == "no" or hidden else target
 
 def block_name(book, i):
-    """The name a reference would give block I: its #+NAME, else its :noweb-ref, else None."""
+    """The name a reference would give block I: its #+NAME, else its :noweb-ref, else
+    None."""
     return book.doc.blocks[i].name or book.params[i].get("noweb-ref", (None,))[0]
 
 
@@ -75,11 +82,15 @@ def references(tangler, book, i):
     mode = tangler.parameter(book, i, "noweb", "no")
     if i not in book.uses or not any(tangler.NOWEB_EXPANDS[mode]):
         return []
-    return [match.group(1) for line in tangler.body(book, i)
-            for match in tangler.NOWEB.finditer(line)]
+    return [
+        match.group(1)
+        for line in tangler.body(book, i)
+        for match in tangler.NOWEB.finditer(line)
+    ]
 
 def definitions(tangler, book):
-    """Each name the book refers to, with the blocks that define it: its parts, in order."""
+    """Each name the book refers to, with the blocks that define it: its parts, in
+    order."""
     defined = {}
     for i, block in enumerate(book.doc.blocks):
         for name in references(tangler, book, i):
@@ -90,8 +101,11 @@ def definitions(tangler, book):
 
 def anchors(book, defined):
     """A readable identifier for each block, unique in the book."""
-    parts = {j: (name, k) for name, blocks in defined.items()
-             for k, j in enumerate(blocks, 1)}
+    parts = {
+        j: (name, k)
+        for name, blocks in defined.items()
+        for k, j in enumerate(blocks, 1)
+    }
     ids, taken, files = [], set(), Counter()
     for i, block in enumerate(book.doc.blocks):
         file, name = block_file(book, i), block_name(book, i)
@@ -113,28 +127,46 @@ def anchors(book, defined):
     return ids
 
 def cross_references(tangler, book):
-    """Each block's file, name, links and definitions, by identifier; the index's entries."""
+    """Each block's file, name, links and definitions, by identifier; the index's
+    entries."""
     defined = definitions(tangler, book)
     ids = anchors(book, defined)
-    refers = [list(dict.fromkeys(references(tangler, book, i))) for i in range(len(ids))]
-    fragments = {name: {"name": name, "parts": [ids[j] for j in parts],
-                        "used_in": [ids[i] for i in range(len(ids)) if name in refers[i]]}
-                 for name, parts in defined.items()}
+    refers = [
+        list(dict.fromkeys(references(tangler, book, i))) for i in range(len(ids))
+    ]
+    fragments = {
+        name: {
+            "name": name,
+            "parts": [ids[j] for j in parts],
+            "used_in": [ids[i] for i in range(len(ids)) if name in refers[i]],
+        }
+        for name, parts in defined.items()
+    }
     blocks, files = {}, {}
     for i, anchor in enumerate(ids):
         file = block_file(book, i)
         if file:
             files.setdefault(file, []).append(anchor)
-        entry = {"file": file, "name": block_name(book, i),
-                 "links": {name: fragments[name]["parts"][0] for name in refers[i]},
-                 "defines": [fragments[name] for name, parts in defined.items() if i in parts]}
-        blocks[anchor] = {key: value for key, value in entry.items() if value is not None}
-    return {"blocks": blocks,
-            "fragments": [fragments[name] for name in sorted(defined, key=str.lower)],
-            "files": [{"path": path, "blocks": files[path]} for path in sorted(files)]}
+        entry = {
+            "file": file,
+            "name": block_name(book, i),
+            "links": {name: fragments[name]["parts"][0] for name in refers[i]},
+            "defines": [
+                fragments[name] for name, parts in defined.items() if i in parts
+            ],
+        }
+        blocks[anchor] = {
+            key: value for key, value in entry.items() if value is not None
+        }
+    return {
+        "blocks": blocks,
+        "fragments": [fragments[name] for name in sorted(defined, key=str.lower)],
+        "files": [{"path": path, "blocks": files[path]} for path in sorted(files)],
+    }
 
 def labelled_text(path):
-    """The book at PATH for pandoc: each block's :anchor, and its cross-references at the end.
+    """The book at PATH for pandoc: each block's :anchor, and its cross-references at
+    the end.
 
     Refuses a book that does not tangle.
     """
@@ -147,39 +179,67 @@ def labelled_text(path):
     return "\n".join(lines + ["", "#+begin_export mlplcode", data, "#+end_export", ""])
 
 def pandoc(text, writer, options):
-    """The labelled org TEXT converted by pandoc's WRITER, through the book's filter, as bytes."""
+    """The labelled org TEXT converted by pandoc's WRITER, through the book's filter, as
+    bytes."""
     import pypandoc
+
     converted = pypandoc.convert_text(
-        text, writer, format="org+gfm_auto_identifiers",
-        extra_args=["--standalone", "--toc", "--lua-filter=" + export_file("book.lua"),
-                    *options])
+        text,
+        writer,
+        format="org+gfm_auto_identifiers",
+        extra_args=[
+            "--standalone",
+            "--toc",
+            "--lua-filter=" + export_file("book.lua"),
+            *options,
+        ],
+    )
     return converted.encode("utf-8")
 
 def html(text):
-    """One web page that needs no other file: the stylesheet and the script go inside it."""
+    """One web page that needs no other file: the stylesheet and the script go inside
+    it."""
     with open(export_file("book.css"), encoding="utf-8") as f:
         style = f.read()
     with open(export_file("book.js"), encoding="utf-8") as f:
         script = f.read()
-    return pandoc(text, "html5", [
-        "--toc-depth=2", "--number-sections", "--metadata=lang=en",
-        "--metadata=document-css=false",
-        "--variable=header-includes=<style>\n" + style + "</style>",
-        "--variable=include-after=<script>\n" + script + "</script>"])
+    return pandoc(
+        text,
+        "html5",
+        [
+            "--toc-depth=2",
+            "--number-sections",
+            "--metadata=lang=en",
+            "--metadata=document-css=false",
+            "--variable=header-includes=<style>\n" + style + "</style>",
+            "--variable=include-after=<script>\n" + script + "</script>",
+        ],
+    )
 
 PDF_CLOCK = 0  # seconds since 1970: any fixed instant will do
 
 def pdf(text):
     """The book typeset by Typst, with its own fonts only and a fixed clock."""
     import typst
-    source = pandoc(text, "typst", ["--toc-depth=2",
-                                    "--template=" + export_file("book-template.typ")])
+
+    source = pandoc(
+        text,
+        "typst",
+        ["--toc-depth=2", "--template=" + export_file("book-template.typ")],
+    )
     return typst.compile(source, ignore_system_fonts=True, timestamp=PDF_CLOCK)
 
 def markdown(text):
     """GitHub Markdown, under the book's title: every chapter one heading level down."""
-    return pandoc(text, "gfm", ["--toc-depth=3", "--shift-heading-level-by=1",
-                                "--template=" + export_file("book-template.md")])
+    return pandoc(
+        text,
+        "gfm",
+        [
+            "--toc-depth=3",
+            "--shift-heading-level-by=1",
+            "--template=" + export_file("book-template.md"),
+        ],
+    )
 
 def plain_text(text):
     """Plain text, by Project Gutenberg's conventions: chapter titles in capitals."""
@@ -208,9 +268,12 @@ def export_book(path, directory):
     return written
 
 def command_export(args):
-    """mlplcode export: the book in four forms; a missing tool is one line and status 1."""
+    """mlplcode export: the book in four forms; a missing tool is one line and status
+    1."""
     if not os.path.isfile(BOOK):
-        raise ValueError(f"export needs the book of a source checkout; {BOOK} not found")
+        raise ValueError(
+            f"export needs the book of a source checkout; {BOOK} not found"
+        )
     try:
         written = export_book(BOOK, args.to)
     except MissingTool as missing:

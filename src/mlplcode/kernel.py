@@ -188,8 +188,13 @@ class MlplcodeKernel(Kernel):
     implementation = "mlplcode"
     implementation_version = __version__
     banner = "mlplcode: a coding agent, one step per cell (%help lists the commands)"
-    language_info = {"name": "mlplcode", "mimetype": "text/plain", "file_extension": ".txt",
-                     "pygments_lexer": "mlplcode", "codemirror_mode": "text/plain"}
+    language_info = {
+        "name": "mlplcode",
+        "mimetype": "text/plain",
+        "file_extension": ".txt",
+        "pygments_lexer": "mlplcode",
+        "codemirror_mode": "text/plain",
+    }
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

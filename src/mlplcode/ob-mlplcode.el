@@ -1,4 +1,4 @@
-;;; ob-mlplcode.el --- Org-babel blocks run by the mlplcode Jupyter kernel  -*- lexical-binding: t; -*-
+;;; ob-mlplcode.el --- Org-babel for mlplcode  -*- lexical-binding: t; -*-
 
 ;; This file is tangled from mlplcode.org (chapter "Org-babel"); edit the
 ;; book, not this file.
@@ -86,7 +86,8 @@ PARAMS are the block's header arguments."
       (user-error "An mlplcode block runs in a session: give it :session NAME"))
     (pcase-let ((`(,status ,output ,errors)
                  (apply #'ob-mlplcode--bridge body "--session" session "--kernel" kernel
-                        "--timeout" (format "%s" ob-mlplcode-timeout) (ob-mlplcode--scope))))
+                        "--timeout" (format "%s" ob-mlplcode-timeout)
+                        (ob-mlplcode--scope))))
       (pcase status
         (0 output)
         (1 (message "mlplcode: the block ended in an error; its results say which")
@@ -127,12 +128,14 @@ The state of its agent is lost; its journal keeps the run."
   (interactive (list (read-string "Stop mlplcode session: "
                                   (ob-mlplcode--session-at-point))))
   (pcase-let ((`(,status ,output ,errors)
-               (apply #'ob-mlplcode--bridge "" "--session" session "--stop" (ob-mlplcode--scope))))
+               (apply #'ob-mlplcode--bridge "" "--session" session "--stop"
+                      (ob-mlplcode--scope))))
     (if (eql status 0)
         (message "%s" (string-trim output))
       (error "mlplcode: %s" errors))))
 
-(defconst ob-mlplcode-stepping-commands '("step" "run" "approve" "deny" "compact" "show" "help")
+(defconst ob-mlplcode-stepping-commands
+  '("step" "run" "approve" "deny" "compact" "show" "help")
   "Commands that Org need not ask about: they carry on the session's run.")
 
 (defun ob-mlplcode--stepping-p (body)
@@ -141,7 +144,8 @@ The state of its agent is lost; its journal keeps the run."
     (or (not (string-prefix-p "%" (car lines)))
         (seq-every-p (lambda (line)
                        (and (string-match "\\`%\\([A-Za-z]+\\)\\(?:[ \t]\\|\\'\\)" line)
-                            (member (match-string 1 line) ob-mlplcode-stepping-commands)))
+                            (member (match-string 1 line)
+                                    ob-mlplcode-stepping-commands)))
                      lines))))
 
 (defun ob-mlplcode--block-kernel ()
@@ -162,7 +166,9 @@ The state of its agent is lost; its journal keeps the run."
                            (not (string-empty-p (string-trim body)))
                            (ob-mlplcode--stepping-p body)
                            (equal (ob-mlplcode--block-kernel) "mlplcode")))
-                 (if (functionp previous) (funcall previous language body) previous))))))
+                 (if (functionp previous)
+                     (funcall previous language body)
+                   previous))))))
 
 (provide 'ob-mlplcode)
 ;;; ob-mlplcode.el ends here

@@ -70,7 +70,8 @@ local function place(anchor, with_label)
     return { pandoc.Code(label or anchor) }
   end
   if typst then
-    local call = label and "block-ref(" .. typst_string(anchor) .. ", " .. typst_string(label)
+    local call = label
+      and "block-ref(" .. typst_string(anchor) .. ", " .. typst_string(label)
       or "page-ref(" .. typst_string(anchor)
     return { pandoc.RawInline("typst", "#" .. call .. ");") }
   end
@@ -79,8 +80,8 @@ local function place(anchor, with_label)
     text:insert(pandoc.Str(section.number and "§" .. section.number or section.title))
     return { pandoc.Link(text, "#" .. anchor) }
   end
-  local title = pandoc.Link({ pandoc.Quoted("DoubleQuote", pandoc.Inlines(section.title)) },
-                            "#" .. section.id)
+  local quoted = pandoc.Quoted("DoubleQuote", pandoc.Inlines(section.title))
+  local title = pandoc.Link({ quoted }, "#" .. section.id)
   if label then
     return { pandoc.Code(label), pandoc.Str(","), pandoc.Space(), pandoc.Str("in"),
              pandoc.Space(), title }
@@ -92,7 +93,8 @@ local function series(places)
   local inlines = pandoc.Inlines({})
   for k, one in ipairs(places) do
     if k > 1 then
-      inlines:extend(k == #places and { pandoc.Space(), pandoc.Str("and"), pandoc.Space() }
+      inlines:extend(k == #places
+        and { pandoc.Space(), pandoc.Str("and"), pandoc.Space() }
         or { pandoc.Str(","), pandoc.Space() })
     end
     inlines:extend(one)
@@ -116,7 +118,8 @@ local function note(anchor)
       inlines:insert(pandoc.Space())
     end
     if #defines > 1 then
-      inlines:extend({ pandoc.Code(name_text(fragment.name)), pandoc.Str(":"), pandoc.Space() })
+      inlines:extend({ pandoc.Code(name_text(fragment.name)), pandoc.Str(":"),
+                       pandoc.Space() })
     end
     if #fragment.parts > 1 then
       local others, part = {}, 0
@@ -127,7 +130,8 @@ local function note(anchor)
           table.insert(others, place(other, false))
         end
       end
-      inlines:extend(pandoc.Inlines("Part " .. part .. " of " .. #fragment.parts .. ", with "))
+      local of = "Part " .. part .. " of " .. #fragment.parts .. ", with "
+      inlines:extend(pandoc.Inlines(of))
       inlines:extend(series(others))
       inlines:extend({ pandoc.Str("."), pandoc.Space() })
     end
@@ -139,7 +143,8 @@ local function note(anchor)
 end
 
 local function escape_html(text)
-  return (text:gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;"):gsub('"', "&quot;"))
+  return (text:gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;")
+    :gsub('"', "&quot;"))
 end
 
 local function indentations(text)
@@ -170,7 +175,8 @@ local function html_code(block, targets)
   local page = pandoc.write(pandoc.Pandoc({ code }), "html5")
   local widths = indentations(block.text)
   page = page:gsub('<span id="[^"]*%-(%d+)">', function(k)
-    return '<span id="' .. id .. "-" .. k .. '" style="--indent: ' .. widths[tonumber(k)] .. '">'
+    return '<span id="' .. id .. "-" .. k .. '" style="--indent: '
+      .. widths[tonumber(k)] .. '">'
   end)
   page = page:gsub("MLPLCODENOWEB(%d+)X", function(n)
     local name = names[tonumber(n)]
@@ -219,7 +225,8 @@ local function src_block(block)
   local out = { pandoc.CodeBlock(block.text, { class = block.classes[1] }) }
   if typst then
     if next(entry.links) then
-      table.insert(out, 1, typst_block("#noweb-links.update(" .. typst_dictionary(entry.links) .. ")"))
+      local links_of_block = typst_dictionary(entry.links)
+      table.insert(out, 1, typst_block("#noweb-links.update(" .. links_of_block .. ")"))
       table.insert(out, typst_block("#noweb-links.update((:))"))
     end
     if label then
@@ -247,7 +254,8 @@ local function file_places(anchors)
     for _, anchor in ipairs(anchors) do
       table.insert(list, typst_string(anchor))
     end
-    return { pandoc.RawInline("typst", "#block-pages((" .. table.concat(list, ", ") .. ",));") }
+    local call = "#block-pages((" .. table.concat(list, ", ") .. ",));"
+    return { pandoc.RawInline("typst", call) }
   end
   local firsts, seen = {}, {}
   for _, anchor in ipairs(anchors) do
@@ -263,8 +271,8 @@ end
 local function index(doc)
   local names, files = {}, {}
   for _, fragment in ipairs(links.fragments) do
-    local line = pandoc.Inlines({ pandoc.Code(name_text(fragment.name)), pandoc.Str(":"),
-                                  pandoc.Space() })
+    local line = pandoc.Inlines({ pandoc.Code(name_text(fragment.name)),
+                                  pandoc.Str(":"), pandoc.Space() })
     line:extend(series(places(fragment.parts, false)))
     line:extend({ pandoc.Str(";"), pandoc.Space() })
     line:extend(pandoc.Inlines("used in "))
@@ -274,7 +282,8 @@ local function index(doc)
   end
   for _, file in ipairs(links.files) do
     local count = #file.blocks .. (#file.blocks == 1 and " block" or " blocks")
-    local line = pandoc.Inlines({ pandoc.Code(file.path), pandoc.Str(":"), pandoc.Space() })
+    local line = pandoc.Inlines({ pandoc.Code(file.path), pandoc.Str(":"),
+                                  pandoc.Space() })
     line:extend(pandoc.Inlines(count .. ", "))
     line:extend(file_places(file.blocks))
     line:insert(pandoc.Str("."))
@@ -289,8 +298,9 @@ local function index(doc)
   end
   return {
     pandoc.Header(level, "Index", { id = "index", class = "unnumbered" }),
-    pandoc.Para(pandoc.Inlines("The names that noweb references use, where each is defined "
-      .. "and where it is used; then the files the book tangles, and where their blocks are.")),
+    pandoc.Para(pandoc.Inlines("The names that noweb references use, where each is "
+      .. "defined and where it is used; then the files the book tangles, and where "
+      .. "their blocks are.")),
     pandoc.Header(level + 1, "Names", { id = "names", class = "unnumbered" }),
     pandoc.BulletList(names),
     pandoc.Header(level + 1, "Files", { id = "files", class = "unnumbered" }),

@@ -77,7 +77,8 @@ SECRET_NAMES = (
     "local.settings.json",
     # Files named for what they hold, in a data format (secrets.py is a module, not a
     # secret).
-    "{secret,secrets,password,passwords}.{json,toml,xml,yaml,yml,ini,txt,csv,properties}",
+    "{secret,secrets,password,passwords}"
+    ".{json,toml,xml,yaml,yml,ini,txt,csv,properties}",
 )
 SECRET_PATHS = (
     ".docker/config.json",

@@ -1,0 +1,75 @@
+"""The book as a reader meets it: prose before every block, code lines that fit."""
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+BOOK = CHECKOUT / "mlplcode.org"
+
+# The widest a line of code in the book may be: what the PDF and a laptop's
+# web page show unwrapped at the book's code size.
+WIDTH = 88
+
+# Lines that may stand between a block's prose and the block itself.
+AFFILIATED = re.compile(r"#\+(name|header|caption|attr_\w+|results)\b", re.I)
+
+# Blocks that may follow a heading or another block directly, by the first
+# line of their body, each with why.
+WITHOUT_PROSE = {}
+
+
+@pytest.fixture(scope="module")
+def book():
+    spec = importlib.util.spec_from_file_location("tangle", CHECKOUT / "tangle" / "tangle.py")
+    tangler = importlib.util.module_from_spec(spec)
+    sys.modules["tangle"] = tangler
+    spec.loader.exec_module(tangler)
+    return tangler.open_book(str(BOOK))
+
+
+def line_above(lines, block):
+    """The nearest line above BLOCK that is neither blank nor one of its keywords."""
+    k = block.line - 1
+    while k > 0 and (not lines[k - 1].strip() or AFFILIATED.match(lines[k - 1].strip())):
+        k -= 1
+    return lines[k - 1] if k > 0 else ""
+
+
+def is_prose(line):
+    text = line.strip()
+    return bool(text) and not (
+        line.startswith("*") or text.startswith("#+") or re.fullmatch(r":\w*:.*", text)
+    )
+
+
+def first_line(block):
+    return next((line.strip() for line in block.raw_lines if line.strip()), "")
+
+
+def test_every_block_has_prose_before_it(book):
+    lines = book.doc.lines
+    bare = [
+        f"mlplcode.org:{block.line}: {first_line(block)[:60]} (after {line_above(lines, block)[:40]!r})"
+        for block in book.doc.blocks
+        if not is_prose(line_above(lines, block)) and first_line(block) not in WITHOUT_PROSE
+    ]
+    assert bare == [], f"{len(bare)} blocks with no prose before them:\n" + "\n".join(bare)
+
+
+def test_the_exceptions_are_still_blocks_of_the_book(book):
+    firsts = {first_line(block) for block in book.doc.blocks}
+    assert set(WITHOUT_PROSE) <= firsts
+
+
+def test_no_line_of_code_is_wider_than_the_page(book):
+    wide = [
+        f"mlplcode.org:{block.body_line + k}: {len(line)} columns"
+        for block in book.doc.blocks
+        for k, line in enumerate(block.raw_lines)
+        if len(line.rstrip("\n")) > WIDTH
+    ]
+    assert wide == [], f"{len(wide)} lines over {WIDTH} columns:\n" + "\n".join(wide)
