@@ -2,7 +2,7 @@
 // Tangled from mlplcode.org, chapter "Export".
 (function () {
   const contents = document.getElementById("TOC");
-  if (!contents || !("IntersectionObserver" in window)) return;
+  if (!contents) return;
   const entries = [];
   for (const link of contents.querySelectorAll('a[href^="#"]')) {
     const heading = document.getElementById(decodeURIComponent(link.hash.slice(1)));
@@ -10,14 +10,26 @@
   }
   if (entries.length === 0) return;
   let current = null;
+  let waiting = false;
+
+  function inView() {
+    const line = window.innerHeight / 5;
+    let low = 0;
+    let high = entries.length - 1;
+    while (low < high) {
+      const middle = Math.ceil((low + high) / 2);
+      if (entries[middle].heading.getBoundingClientRect().top <= line) {
+        low = middle;
+      } else {
+        high = middle - 1;
+      }
+    }
+    return entries[low];
+  }
 
   function mark() {
-    const line = window.innerHeight / 5;
-    let found = entries[0];
-    for (const entry of entries) {
-      if (entry.heading.getBoundingClientRect().top > line) break;
-      found = entry;
-    }
+    waiting = false;
+    const found = inView();
     if (found === current) return;
     if (current) {
       current.link.classList.remove("current");
@@ -35,9 +47,14 @@
     }
   }
 
-  const line = Math.round(window.innerHeight / 5);
-  const observer = new IntersectionObserver(mark, {
-    rootMargin: `0px 0px -${window.innerHeight - line}px 0px`,
-  });
-  for (const entry of entries) observer.observe(entry.heading);
+  function soon() {
+    if (!waiting) {
+      waiting = true;
+      window.requestAnimationFrame(mark);
+    }
+  }
+
+  window.addEventListener("scroll", soon, { passive: true });
+  window.addEventListener("resize", soon);
+  mark();
 })();

@@ -14,6 +14,21 @@ local function take_cross_references(raw)
   end
 end
 
+local function into_parts(doc)
+  local in_parts = false
+  for _, block in ipairs(doc.blocks) do
+    if block.t == "Header" then
+      if block.attributes.part then
+        in_parts = true
+        block.classes:extend({ "unnumbered", "part" })
+      elseif in_parts then
+        block.level = block.level - 1
+      end
+    end
+  end
+  return doc
+end
+
 local sections = {}
 
 local function note_sections(doc)
@@ -327,7 +342,7 @@ local function html_inline_code(code)
 end
 
 return {
-  { RawBlock = take_cross_references },
+  { RawBlock = take_cross_references, Pandoc = into_parts },
   { Pandoc = note_sections },
   { CodeBlock = src_block, Header = without_properties, Pandoc = with_index },
   { Code = html and html_inline_code or nil },
