@@ -208,6 +208,49 @@ def test_mistakes_are_error_replies_that_say_what_to_do(kernel, project):
     assert "line 2 is not a command" in kernel.error("%step\nhello")
 
 
+def usage_error(kernel, code):
+    """The one line a refused cell answers with; a refusal of the kernel's, never Python's."""
+    reply, _ = kernel.cell(code)
+    assert reply["status"] == "error" and reply["ename"] == "UsageError", (code, reply["ename"], reply["evalue"])
+    assert len(reply["traceback"]) == 1 and "\n" not in reply["evalue"]
+    return reply["evalue"]
+
+
+def command_line_refusal(capsys, *options):
+    """What `mlplcode run` says of OPTIONS, without its prefix and suffix."""
+    from mlplcode.cli import main
+    with pytest.raises(SystemExit):
+        main(["run", "t", "--root", ".", "--model", "echo", *options])
+    return capsys.readouterr().err.strip().removeprefix("mlplcode run: ").removesuffix(" (see --help)")
+
+
+def test_bad_arguments_are_answered_with_the_commands_usage_not_pythons_words(kernel, project, capsys):
+    usage = "%model " + COMMANDS["model"][0]
+    for cell in ["%model", "%model ", "%model echo extra", "%model echo --context", "%model echo --seed 1"]:
+        assert usage in usage_error(kernel, cell)
+    for options in [["--grammar", "bogus"], ["--context", "-5"], ["--context", "1e3"], ["--context", "²"],
+                    ["--timeout", "nan"], ["--timeout", "-1"]]:
+        said = command_line_refusal(capsys, *options)
+        assert said.startswith(f"argument {options[0]}: ") and options[1] in said
+        assert said in usage_error(kernel, "%model echo " + " ".join(options))
+    assert "model: none yet" in text(kernel.ok("%show state"))  # a refused %model sets nothing
+    assert usage_error(kernel, "%budget ²") == "%budget N: N is a positive whole number, not '²'"
+    assert usage_error(kernel, "%save") == "%save FILE.ipynb|FILE.org|FILE.md"
+    assert usage_error(kernel, "%help deny extra") == "%help [COMMAND]: one command at a time, not 'deny extra'"
+    kernel.ok(f"%root {project}\n%model echo --grammar gbnf --context 4096\n%task t")
+    for cell, line in [("%step ²", "%step N"), ("%step 2 3", "%step N"), ("%fork ²", "%fork N"), ("%fork", "%fork N")]:
+        assert usage_error(kernel, cell).startswith(line + ": N is a positive whole number")
+    assert usage_error(kernel, "%save") == "%save FILE.ipynb|FILE.org|FILE.md"
+
+
+def test_a_count_is_what_int_reads_as_a_positive_decimal_and_nothing_else():
+    from mlplcode.kernel import UsageError, positive
+    assert positive("7", "%step N") == 7 and positive("120", "%step N") == 120
+    for text in ["", "0", "00", "-1", "+1", " 1", "1_0", "1.0", "²", "¹²", "½", "two"]:
+        with pytest.raises(UsageError, match=r"^%step N: N is a positive whole number"):
+            positive(text, "%step N")
+
+
 def test_a_failure_inside_a_step_is_an_error_reply_and_the_kernel_lives(kernel, project, tmp_path):
     kernel.ok(f"%root {project}\n%model echo\n%task t")
     journal = pathlib.Path(journal_of(kernel))

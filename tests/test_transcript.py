@@ -1,12 +1,13 @@
 import json
 import os
+import re
 
 import nbformat
 import pytest
 
 from mlplcode import Agent
 from mlplcode.show import as_html, as_markdown, as_text, change, step_view
-from mlplcode.transcript import org_escape, save
+from mlplcode.transcript import MODEL_COMMAND_OPTIONS, org_escape, save
 
 
 @pytest.fixture
@@ -69,6 +70,35 @@ def test_the_notebook_transcript_is_a_valid_notebook_of_the_cells_that_drove_the
     assert notebook.metadata.kernelspec.name == "mlplcode"
     assert {output.metadata["mlplcode"]["run"] for cell in notebook.cells for output in cell.get("outputs", [])} \
         == {finished.run_id}
+
+
+def test_the_notebook_s_model_cell_carries_the_options_the_run_used(project, replies, tmp_path):
+    from mlplcode.kernel import COMMANDS, model_setting
+    options = {"grammar": "lark", "context": 4096, "timeout": 30.0}
+    agent = Agent.start("t", project, f"scripted:{replies}", journal=str(tmp_path / "j.jsonl"),
+                        model_options=options)
+    path = str(tmp_path / "t.ipynb")
+    save(agent.journal, path)
+    settings = nbformat.read(path, as_version=4).cells[1].source.splitlines()
+    model = next(line for line in settings if line.startswith("%model "))
+    assert model == f"%model scripted:{replies} --grammar lark --context 4096 --timeout 30.0"
+    spec, given = model_setting(model.removeprefix("%model "))  # as the kernel reads the cell again
+    again = Agent.start("t", project, spec, journal=str(tmp_path / "again.jsonl"), model_options=given)
+    assert again.state.start["model_options"] == agent.state.start["model_options"]
+    assert re.findall(r"--(\w+)", COMMANDS["model"][0]) == list(MODEL_COMMAND_OPTIONS)
+
+
+def test_a_run_without_a_grammar_is_taken_up_again_without_one(project, replies, tmp_path):
+    from mlplcode.kernel import model_setting
+    agent = Agent.start("t", project, f"scripted:{replies}", journal=str(tmp_path / "j.jsonl"),
+                        model_options={"grammar": "none"})
+    save(agent.journal, str(tmp_path / "t.ipynb"))
+    source = nbformat.read(str(tmp_path / "t.ipynb"), as_version=4).cells[1].source
+    model = next(line for line in source.splitlines() if line.startswith("%model "))
+    assert model.endswith(" --grammar none --context 8192")  # the context the run settled on
+    spec, given = model_setting(model.removeprefix("%model "))
+    again = Agent.start("t", project, spec, journal=str(tmp_path / "again.jsonl"), model_options=given)
+    assert again.state.start["model_options"] == agent.state.start["model_options"]
 
 
 def test_the_org_transcript_has_a_section_per_step_note_and_stop(finished, tmp_path):

@@ -1,5 +1,6 @@
 """The mlplcode kernel: each notebook cell holds commands that drive an Agent."""
 
+import argparse
 import difflib
 import os
 import shutil
@@ -10,10 +11,10 @@ import traceback
 from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel
 
-from . import __version__
+from . import __version__, cli
 from .agent import Agent, AgentError, runs_directory
 from .journal import DEFAULT_BUDGET, fold, read_events, waiting_step
-from .models import SPEC_KINDS, ModelError, model_from_spec
+from .models import GRAMMAR_CHOICES, SPEC_KINDS, ModelError, model_from_spec
 from .policy import DEFAULT_POLICY, merge_policy
 from .show import (
     as_text,
@@ -163,9 +164,12 @@ def unknown_command(name):
     return f"unknown command %{name}; {guess}%help lists the commands"
 
 def positive(text, usage):
-    if not text.isdigit() or int(text) < 1:
-        raise UsageError(f"{usage}: N is a positive whole number, not {text!r}")
-    return int(text)
+    try:
+        return cli.positive(text)
+    except (argparse.ArgumentTypeError, ValueError):
+        raise UsageError(
+            f"{usage}: N is a positive whole number, not {text!r}"
+        ) from None
 
 def help_view(name=""):
     """The help for one command, or for all of them."""
@@ -316,18 +320,7 @@ class MlplcodeKernel(Kernel):
         self.say(f"root: {self.settings['root']}" + (" (a fresh copy)" if copy else ""))
 
     def command_model(self, argument):
-        spec, *words = argument.split()
-        if len(words) % 2 or any(word not in MODEL_OPTIONS for word in words[::2]):
-            raise UsageError(f"%model {COMMANDS['model'][0]}")
-        try:
-            options = {
-                MODEL_OPTIONS[name][0]: MODEL_OPTIONS[name][1](value)
-                for name, value in zip(words[::2], words[1::2])
-            }
-        except ValueError:
-            raise UsageError(
-                f"%model {COMMANDS['model'][0]}: a number is not a number"
-            ) from None
+        spec, options = model_setting(argument)
         model_from_spec(spec, **{**options, "grammar": None})
         self.settings["model"], self.settings["model_options"] = spec, options
         self.say(f"model: {argument}")
@@ -408,16 +401,16 @@ class MlplcodeKernel(Kernel):
         self.current().note(text)
         self.show(note_view(text), "note", len(self.agent.state.steps))
 
+    def command_fork(self, argument):
+        self.agent = self.current().fork(positive(argument, "%fork N"))
+        self.show(self.state_view(), "state")
+
     def command_compact(self, argument):
         self.no_argument("compact", argument)
         state = self.current().compact().state
         self.show(
             compact_view(state.summarized, state.summary), "compact", len(state.steps)
         )
-
-    def command_fork(self, argument):
-        self.agent = self.current().fork(positive(argument, "%fork N"))
-        self.show(self.state_view(), "state")
 
     def no_argument(self, name, argument):
         if argument:
@@ -428,10 +421,7 @@ class MlplcodeKernel(Kernel):
             self.agent = Agent(argument, on_retry=self.warn)
         elif self.agent is None:
             self.agent = Agent(unfinished_journal(runs_directory()), on_retry=self.warn)
-        if (
-            self.current().state.stop is None
-            or self.agent.state.stop["reason"] == "interrupted"
-        ):
+        if goes_on(self.agent.state):
             self.agent.resume()
         self.show(self.state_view(), "state")
         waiting = waiting_step(self.agent.state)
@@ -488,6 +478,8 @@ class MlplcodeKernel(Kernel):
         ]
 
     def command_save(self, path):
+        if not path:
+            raise UsageError(f"%save {COMMANDS['save'][0]}")
         steps = save(self.current().journal, path)
         self.show(
             [("line", "saved", f"{path} ({steps} steps, from {self.agent.journal})")],
@@ -495,6 +487,10 @@ class MlplcodeKernel(Kernel):
         )
 
     def command_help(self, name):
+        if len(name.split()) > 1:
+            raise UsageError(
+                f"%help {COMMANDS['help'][0]}: one command at a time, not {name!r}"
+            )
         self.show(help_view(name), "help", result=True)
 
     async def do_complete(self, code, cursor_pos):
@@ -551,11 +547,25 @@ def decision_view(step):
         view.append(("block", "observation", step.observation["text"]))
     return view
 
-MODEL_OPTIONS = {
-    "--grammar": ("grammar", str),
-    "--context": ("context", int),
-    "--timeout": ("timeout", float),
-}
+class ModelArguments(argparse.ArgumentParser):
+    """The words after %model, read as mlplcode run reads its options."""
+
+    def error(self, message):
+        raise UsageError(f"%model: {message}; use %model {COMMANDS['model'][0]}")
+
+
+def model_setting(argument):
+    """The spec and the options given in %model's ARGUMENT; refuses what mlplcode run
+    would."""
+    parser = ModelArguments(
+        prog="%model", add_help=False, argument_default=argparse.SUPPRESS
+    )
+    parser.add_argument("spec")
+    parser.add_argument("--grammar", choices=GRAMMAR_CHOICES)
+    parser.add_argument("--context", type=cli.positive)
+    parser.add_argument("--timeout", type=cli.seconds)
+    options = vars(parser.parse_args(argument.split()))
+    return options.pop("spec"), options
 
 def settings_view(settings):
     """The settings of the next run, in the words of the commands that set them."""

@@ -215,8 +215,20 @@ def settings_source(start):
         f"{category}={verdict}" for category, verdict in start["policy"].items()
     )
     return (
-        f"%root {start['root']}\n%model {start['model']}\n"
+        f"%root {start['root']}\n%model {start['model']}{model_words(start)}\n"
         f"%budget {start['budget']}\n%policy {policy}"
+    )
+
+MODEL_COMMAND_OPTIONS = ("grammar", "context", "timeout")
+
+
+def model_words(start):
+    """The options of START's model, as words that %model reads after the spec."""
+    options = start["model_options"]
+    return "".join(
+        f" --{name} {'none' if options[name] is None else options[name]}"
+        for name in MODEL_COMMAND_OPTIONS
+        if name in options
     )
 
 def decision_command(decision):
