@@ -9,9 +9,10 @@ import pytest
 
 from conftest import PATCH_MUL, WRITE_TEST
 from mlplcode import Agent
-from mlplcode.branch import tree_view
+from mlplcode.branch import fork, tree_view
 from mlplcode.cli import EXAMPLES, after_start, main, replay
 from mlplcode.journal import read_events
+from mlplcode.policy import DEFAULT_POLICY
 from mlplcode.show import as_text
 
 ADD_MUL = ["READ calc.py", "READ test_calc.py", PATCH_MUL, WRITE_TEST, "RUN python -m pytest -q",
@@ -80,3 +81,98 @@ def test_fork_on_the_command_line_says_where_and_how_to_go_on(parent, capsys):
     assert out[-1] == f"go on with: mlplcode resume {journal}"
     assert main(["fork", parent.journal, "--at", "9"]) == 2
     assert "the run has steps 1 to 6" in capsys.readouterr().err
+
+
+# A test file that writes notes.txt whenever pytest collects it: how a RUN changes a file
+# that the journal never sees it change.
+STAMPING_TEST = 'open("notes.txt", "w").write("written by the tests\\n")\n'
+
+
+def run_script(project, tmp_path, replies, name="j", approve=lambda action: True):
+    """A run of the scripted REPLIES on PROJECT, every ask answered by APPROVE."""
+    script = tmp_path / f"{name}.json"
+    script.write_text(json.dumps(replies))
+    agent = Agent.start("t", project, f"scripted:{script}", journal=str(tmp_path / f"{name}.jsonl"),
+                        budget=len(replies), policy={**DEFAULT_POLICY, "run": "ask"})
+    agent.drive(lambda action: (True, "") if approve(action) else (False, "not now"))
+    return agent
+
+
+@pytest.fixture
+def notes(project):
+    """The example project with notes.txt, and a test file that rewrites notes.txt when run."""
+    with open(os.path.join(project, "notes.txt"), "w") as file:
+        file.write("as the user left it\n")
+    with open(os.path.join(project, "test_stamp.py"), "w") as file:
+        file.write(STAMPING_TEST)
+    return project
+
+
+def notes_in(agent):
+    with open(os.path.join(agent.root, "notes.txt")) as file:
+        return file.read()
+
+
+def test_a_test_run_before_the_step_makes_what_was_read_earlier_untrusted(notes, tmp_path):
+    # Step 1 reads notes.txt, step 3's tests rewrite it, step 6 writes it: before step 5 it
+    # held what the tests left, not what step 1 read, and nothing says what that was.
+    agent = run_script(notes, tmp_path, ["READ notes.txt", "READ calc.py", "RUN python -m pytest -q",
+                                         "READ test_calc.py", "READ calc.py", "WRITE notes.txt\nnew\nEND"])
+    assert [step.observation["ok"] for step in agent.state.steps] == [True] * 6
+    with pytest.raises(ValueError, match=r"^notes.txt: the journal does not say what it held before"
+                       r" step 5; the test run at step 3 may have changed it$"):
+        agent.fork(5)
+    assert notes_in(agent.fork(3)) == "as the user left it\n"  # before the run, step 1 vouches
+
+
+def test_a_read_after_the_test_run_vouches_again(notes, tmp_path):
+    agent = run_script(notes, tmp_path, ["READ notes.txt", "RUN python -m pytest -q", "READ notes.txt",
+                                         "READ calc.py", "WRITE notes.txt\nnew\nEND"])
+    assert notes_in(agent.fork(4)) == "written by the tests\n"  # what step 3 read, after the run
+    # From step 3 on, a read follows the run: it gives the file as it was before step 3.
+    assert notes_in(agent.fork(3)) == "written by the tests\n"
+
+
+def test_a_write_after_a_test_run_does_not_say_the_file_was_new(notes, tmp_path):
+    # The run saw notes.txt at step 1, so the guard let step 3 overwrite it unread: the write
+    # says nothing of whether the file existed before step 3, and the branch must not remove it.
+    agent = run_script(notes, tmp_path, ["READ notes.txt", "RUN python -m pytest -q",
+                                         "WRITE notes.txt\nnew\nEND"])
+    with pytest.raises(ValueError, match="notes.txt: the journal does not say what it held before step 3"):
+        agent.fork(3)
+
+
+def test_a_test_run_that_failed_still_ran(notes, tmp_path, monkeypatch):
+    # A run that times out has written half of what it meant to: its observation is not ok, and
+    # what step 2 read of notes.txt is what the tests left, not the file before step 1.
+    monkeypatch.setattr("mlplcode.tools.run.RUN_TIMEOUT_SECONDS", 3)
+    with open(os.path.join(notes, "test_stamp.py"), "a") as file:
+        file.write("import time\ntime.sleep(60)\n")
+    agent = run_script(notes, tmp_path, ["RUN python -m pytest -q", "READ notes.txt",
+                                         "PATCH notes.txt\nOLD\nwritten by the tests\nNEW\npatched\nEND"])
+    assert agent.state.steps[0].observation["text"].startswith("ERROR: timed out")
+    assert [step.observation["ok"] for step in agent.state.steps] == [False, True, True]
+    with pytest.raises(ValueError, match=r"^notes.txt: the journal does not say what it held before"
+                       r" step 1; the test run at step 1 may have changed it$"):
+        agent.fork(1)
+    assert notes_in(agent.fork(2)) == "written by the tests\n"
+
+
+def test_a_test_run_that_never_ran_changes_nothing(notes, tmp_path):
+    # A declined RUN was not carried out: the journal still knows notes.txt, and the branch
+    # names no step that ran tests.
+    agent = run_script(notes, tmp_path, ["READ notes.txt", "RUN python -m pytest -q",
+                                         "READ calc.py", "WRITE notes.txt\nnew\nEND"],
+                       approve=lambda action: action["tool"] != "run")
+    assert agent.state.steps[1].observation["text"].startswith("DECLINED")
+    journal, root, untold = fork(agent.journal, 3)
+    assert open(os.path.join(root, "notes.txt")).read() == "as the user left it\n"
+    assert untold == []
+    assert fork(agent.journal, 2)[2] == []
+
+
+def test_a_path_is_one_file_however_it_is_written(notes, tmp_path):
+    # ./notes.txt and notes.txt are one file: the write at step 3 was allowed because step 1
+    # read it, so it existed, and the branch must put back what step 1 read, not remove it.
+    agent = run_script(notes, tmp_path, ["READ ./notes.txt", "READ calc.py", "WRITE notes.txt\nnew\nEND"])
+    assert notes_in(agent.fork(3)) == "as the user left it\n"

@@ -18,51 +18,74 @@ def events_before(events, at):
     steps = sum(event["type"] == "reply" for event in events)
     raise ValueError(f"the run has steps 1 to {steps}; a branch starts at one of them")
 
+def ran_tests(step):
+    """Whether STEP ran a program, which may have changed any file: a RUN that was
+    carried out, whatever its observation says."""
+    return step.action.get("tool") == "run" and (
+        step.verdict == "allow" or step.approved is True
+    )
+
+def tool_on(step, path):
+    """The tool of STEP when it read, wrote or patched PATH (a normal path) and
+    succeeded; else None."""
+    action = step.action
+    if (
+        action.get("tool") in ("read", "write", "patch")
+        and os.path.normpath(action["path"]) == path
+        and step.observation
+        and step.observation["ok"]
+    ):
+        return action["tool"]
+    return None
+
+
+def text_read(step):
+    """The text a READ step showed: its observation without the header line."""
+    return step.observation["text"].split("\n", 1)[1]
+
 def known_before(state, path, at):
-    """The text of PATH as the run knew it before step AT (None: the file did not exist
-    yet), or raises ValueError when the journal cannot tell."""
-    text, known = None, False
+    """The text of PATH as the journal vouches for it before step AT (None: the file did
+    not exist yet), or raises ValueError when the journal cannot tell."""
+    path = os.path.normpath(path)
+    text, known, seen, run = None, False, False, None
     for step in state.steps[: at - 1]:
-        if step.action.get("path") != path or not (
-            step.observation and step.observation["ok"]
-        ):
-            continue
-        tool = step.action["tool"]
-        if tool == "read":
-            text, known = step.observation["text"].split("\n", 1)[1], True
-        elif tool == "write":
-            text, known = step.action["content"], True
+        tool = tool_on(step, path)
+        if ran_tests(step) and seen:
+            known, run = False, step.number
         elif tool == "patch" and known:
             text = text.replace(step.action["old"], step.action["new"], 1)
+        elif tool in ("read", "write"):
+            text = text_read(step) if tool == "read" else step.action["content"]
+            known, seen, run = True, True, None
     if not known:
-        text, known = first_sight(state, path, at)
+        text, known, after = first_sight(state, path, at, seen)
+        run = run or after
     if not known or (text is not None and "[redacted]" in text):
+        why = f"; the test run at step {run} may have changed it" if run else ""
         raise ValueError(
-            f"{path}: the journal does not say what it held before step {at}"
+            f"{path}: the journal does not say what it held before step {at}{why}"
         )
     return text
 
-def first_sight(state, path, at):
-    """What the steps from AT on tell of PATH as it was at AT: (text or None, whether
-    they tell)."""
+def first_sight(state, path, at, seen):
+    """What the steps from AT on tell of PATH (a normal path) as it was at AT: (text or
+    None, whether they tell, the test run that ended the search or None). SEEN says
+    whether the run saw PATH before AT."""
     for step in state.steps[at - 1 :]:
-        tool, ok = step.action.get("tool"), bool(
-            step.observation and step.observation["ok"]
-        )
-        if tool == "run" and ok:
-            return None, False
-        if step.action.get("path") != path or not ok:
-            continue
+        tool = tool_on(step, path)
+        if ran_tests(step):
+            return None, False, step.number
         if tool == "read":
-            return step.observation["text"].split("\n", 1)[1], True
-        return (None, True) if tool == "write" else (None, False)
-    return None, False
+            return text_read(step), True, None
+        if tool:
+            return None, tool == "write" and not seen, None
+    return None, False, None
 
 def changed_paths(state, at):
-    """The paths that steps AT and later wrote or patched."""
+    """The paths, in normal form, that steps AT and later wrote or patched."""
     return sorted(
         {
-            step.action["path"]
+            os.path.normpath(step.action["path"])
             for step in state.steps[at - 1 :]
             if step.action.get("tool") in ("write", "patch")
             and step.observation
@@ -123,11 +146,7 @@ def fork(journal, at, new_journal=None):
     ]:
         append_event(new_journal, event)
     keep_start(start)
-    untold = [
-        step.number
-        for step in state.steps[at - 1 :]
-        if step.action.get("tool") == "run"
-    ]
+    untold = [step.number for step in state.steps[at - 1 :] if ran_tests(step)]
     return new_journal, copy, untold
 
 def first_event(journal):
