@@ -74,7 +74,9 @@ def event_problem(event, index, steps, start_index=0):
             " branch event)"
         )
     if kind == "start":
-        return tests_problem(event["tests"])
+        return start_problem(event)
+    if kind == "decision" and not event.get("reason", "").isprintable():
+        return "a decision's reason is one line of printable text"
     if kind == "reply" and event["step"] != steps + 1:
         return f"step {event['step']} follows step {steps}"
     if (
@@ -85,6 +87,23 @@ def event_problem(event, index, steps, start_index=0):
     if kind == "compact" and not 0 < event["upto"] <= steps:
         return f"a summary of steps 1 to {event['upto']} after {steps} steps"
     return ""
+
+def start_problem(start):
+    """What is wrong with a start event beyond the types of its fields, or ""."""
+    for name in ("root", "model"):
+        if not start[name].isprintable():
+            return f"a start event's {name} is one line of printable text"
+    for category, verdict in start["policy"].items():
+        if not category.isidentifier() or verdict not in ("allow", "ask", "deny"):
+            return "a start event's policy maps each category to allow, ask or deny"
+    for name, value in start["model_options"].items():
+        if not (
+            value is None
+            or type(value) in (int, float)
+            or isinstance(value, str) and value.isprintable()
+        ):
+            return f"a start event's model option {name} is a number or one line"
+    return tests_problem(start["tests"])
 
 TEST_ENTRY_FIELDS = {"sha256", "text", "link", "other"}
 
