@@ -393,6 +393,22 @@ OPTIONS = [
         option_id="reject", name="Reject, and end the run", kind="reject_once"
     ),
 ]
+DONE_OPTIONS = [
+    PermissionOption(option_id="allow", name="Accept this DONE", kind="allow_once"),
+    PermissionOption(
+        option_id="explain",
+        name="Refuse it, and say why in your next message",
+        kind="reject_once",
+    ),
+    PermissionOption(
+        option_id="reject", name="Refuse it; the run goes on", kind="reject_once"
+    ),
+]
+
+
+def permission_options(action):
+    """The options offered for the ask of ACTION."""
+    return DONE_OPTIONS if action.get("tool") == "done" else OPTIONS
 
 ACP_WORDS = {
     "start": "a new session",
@@ -583,7 +599,7 @@ class FrontEnd:
         """The option the person chose for STEP's action, or "cancelled"."""
         request = self.client.request_permission(
             session_id=session.id,
-            options=OPTIONS,
+            options=permission_options(step.action),
             tool_call=ToolCallUpdate(
                 tool_call_id=call_id(step), status="pending", **tool_fields(state, step)
             ),
