@@ -349,11 +349,13 @@ def updates(event, state):
     if kind == "observation":
         return [agent_says(fenced(event["text"]))]
     if kind == "stop":
-        failed = [
-            progress(step, status="failed", content=[shown_text(event["message"])])
-        ]
-        said = agent_says(f"stop: {event['reason']}\n\n" + fenced(event["message"]))
-        return (failed if called and step.observation is None else []) + [said]
+        said = agent_says(
+            f"stop: {code(event['reason'])}\n\n" + fenced(event["message"])
+        )
+        if not called or step.observation is not None:
+            return [said]
+        content = [shown_text(event["message"])]
+        return [progress(step, status="failed", content=content), said]
     if kind == "resume":
         return [agent_says("The run was taken up again.\n")]
     return []
