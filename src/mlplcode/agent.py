@@ -176,9 +176,8 @@ class Agent:
         whole_policy(start["policy"], self.journal)
         goes_on = state.stop is None or state.stop["reason"] == "interrupted"
         if goes_on:
-            check_start(
-                start, self.journal
-            )  # before the agent becomes what a forged journal says
+            # Before the agent becomes what a forged journal says.
+            check_start(start, self.journal)
         self.events, self.state = events, state
         self.run_id, self.root, self.model_spec = (
             start["run"],
