@@ -596,8 +596,8 @@ def add_answers(parser):
     answers.add_argument(
         "--no",
         action="store_true",
-        help="decline every ask (the default without a terminal): a declined action ends"
-        " the run, a declined DONE is refused and the run goes on",
+        help="decline every ask (the default without a terminal): a declined action"
+        " ends the run, a declined DONE is refused and the run goes on",
     )
 
 def seconds(text):
