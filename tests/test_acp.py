@@ -134,7 +134,7 @@ def test_the_example_task_with_one_write_rejected_for_a_reason(project, tmp_path
     assert finished["step-6"]["status"] == "completed" and "exit code 0" in finished["step-6"]["content"][0]["content"]["text"]
     messages = [update["content"]["text"] for update in client.kinds("agent_message_chunk")]
     assert messages[0] == "```\nREAD calc.py\n```\n"  # the model's reply, shown as it is
-    assert messages[-1].startswith("stop: done")
+    assert messages[-1].startswith("stop: `done`")
     assert client.kinds("user_message_chunk") == []  # the client shows the person's own words
 
 
@@ -364,3 +364,30 @@ def test_without_the_acp_package_the_command_says_what_to_install():
                              " pip install 'mlplcode[acp]'\n")
     usage = subprocess.run([sys.executable, "-m", "mlplcode.cli", "acp", "--help"], capture_output=True, text=True)
     assert usage.returncode == 0 and usage.stdout.startswith("usage: mlplcode acp")
+
+
+def test_a_stop_reason_from_a_journal_is_shown_escaped_in_a_code_span():
+    from mlplcode import trust
+    from mlplcode.acp import updates
+    from mlplcode.journal import State, apply
+
+    hostile = "done\u202e [look](http://x) \x1b[2J`"
+    state = State()
+    for event in ({"type": "start", "task": "t", "budget": 3, "policy": {}},
+                  {"type": "stop", "reason": hostile, "message": "m"}):
+        shown = updates(event, apply(state, event))
+    assert len(shown) == 1  # a run stopped before its first step has no tool call to fail
+    said = shown[-1].content.text
+    assert not [char for char in said if trust.is_invisible(char)]
+    assert said.startswith("stop: `` done\\u202e [look](http://x) \\x1b[2J` ``\n\n")
+
+
+def test_the_ask_of_a_done_offers_to_refuse_it_not_to_end_the_run():
+    from mlplcode.acp import permission_options
+
+    done = permission_options({"tool": "done", "summary": "s"})
+    write = permission_options({"tool": "write", "path": "a.py", "content": ""})
+    assert [option.option_id for option in done] == [option.option_id for option in write]
+    assert [option.kind for option in done] == [option.kind for option in write]
+    assert "end the run" in write[-1].name and "the run goes on" in done[-1].name
+    assert not [option.name for option in done if "end the run" in option.name]

@@ -138,7 +138,9 @@ def test_an_interrupt_closes_the_step_stops_the_run_and_resume_takes_it_up(agent
         agent.step()
     monkeypatch.undo()
     cut = agent.state.steps[0]
-    assert cut.observation["text"].startswith("INTERRUPTED")
+    assert cut.observation["text"] == ("INTERRUPTED: the human stopped this step before it finished; its"
+                                       " action may have been carried out, whole or in part: look before"
+                                       " doing it again")
     assert agent.state.stop["reason"] == "interrupted"
     assert read_events(agent.journal) == agent.events
     with pytest.raises(AgentError, match=r"the run was interrupted: use resume\(\)"):
@@ -156,11 +158,39 @@ def test_a_run_whose_process_died_mid_step_is_taken_up_with_its_step_closed(agen
     with pytest.raises(AgentError, match=r"step 2 was cut short: use resume\(\)"):
         again.step()
     again.resume()
-    assert again.state.steps[1].observation["text"].startswith("INTERRUPTED")
+    assert again.state.steps[1].observation["text"] == (
+        "CUT SHORT: the process that ran this step ended before the step finished, and recorded no"
+        " reason; its action was not carried out")  # it was never judged, and no human stopped it
     assert again.step().state.steps[2].action == {"tool": "patch", "path": "calc.py",
                                                   "old": "def add(a, b):\n    return a + b\n",
                                                   "new": "def add(a, b):\n    return a + b\n\n\n"
                                                          "def mul(a, b):\n    return a * b\n"}
+
+
+def test_a_step_whose_process_died_after_its_verdict_may_have_acted_and_no_human_is_blamed(agent):
+    agent.step()
+    for event in ({"type": "reply", "step": 2, "text": "READ test_calc.py"},
+                  {"type": "action", "step": 2, "action": {"tool": "read", "path": "test_calc.py"}},
+                  {"type": "verdict", "step": 2, "verdict": "allow", "reason": "READ test_calc.py is read: allow"}):
+        append_event(agent.journal, event)
+    again = Agent(agent.journal)
+    again.resume()
+    text = again.state.steps[1].observation["text"]
+    assert text.startswith("CUT SHORT: the process that ran this step ended") and "human" not in text
+    assert text.endswith("its action may have been carried out, whole or in part: look before doing it again")
+    assert again.state.stop is None and again.events[-1]["type"] == "observation"  # no resume: nothing stopped it
+
+
+def test_an_interrupt_before_the_verdict_says_the_action_was_not_carried_out(agent):
+    def watcher(event, state):
+        if event["type"] == "action":
+            raise KeyboardInterrupt
+    agent.on_event = watcher
+    with pytest.raises(KeyboardInterrupt):
+        agent.step()
+    assert [event["type"] for event in agent.events] == ["start", "reply", "action", "observation", "stop"]
+    assert agent.state.steps[0].observation["text"] == (
+        "INTERRUPTED: the human stopped this step before it finished; its action was not carried out")
 
 
 def test_a_finished_run_cannot_be_taken_up(project, tmp_path):

@@ -1,3 +1,4 @@
+import argparse
 import io
 import json
 import os
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 from mlplcode import Agent
-from mlplcode.cli import EXAMPLES, main
+from mlplcode.cli import EXAMPLES, build_parser, main
 from mlplcode.journal import read_events
 
 from conftest import require_tool
@@ -224,6 +225,16 @@ def test_with_no_a_done_whose_tests_changed_is_refused_and_the_run_goes_on(proje
     assert out[-2:] == ["budget: all 4 steps used", "stop: budget"]
 
 
+@pytest.mark.parametrize("command", ["run", "resume"])
+def test_the_help_of_no_says_what_a_no_does_to_a_done(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    help = " ".join(capsys.readouterr().out.split())
+    no = help[help.index("--no "):]
+    assert "a declined DONE is refused and the run goes on" in no
+    assert "which ends the run" not in no
+
+
 def write_allowed(project):
     path = os.path.join(os.path.dirname(project), "write.json")
     open(path, "w").write('{"write": "allow"}')
@@ -315,3 +326,37 @@ def test_step_lines_show_escapes_not_control_characters(project, tmp_path, capsy
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
     assert "task: t\\x1b[2J" in out and "READ \\x1b]0;owned\\x07calc\\u202e.py" in out
+
+
+def subcommands(parser):
+    """The subcommands of PARSER, each with the options it takes, a nested one named in full."""
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                inner = subcommands(sub)
+                if inner:
+                    found.update({f"{name} {key}": options for key, options in inner.items()})
+                else:
+                    found[name] = {option for each in sub._actions for option in each.option_strings
+                                   if option.startswith("--") and option != "--help"}
+    return found
+
+
+def test_the_book_lists_every_subcommand_with_every_option():
+    book = open(os.path.join(os.path.dirname(EXAMPLES), "mlplcode.org"), encoding="utf-8").read()
+    table = book[book.index("The command has "):]
+    table = table[table.index("#+begin_example"):table.index("#+end_example")]
+    usages = {}
+    for line in table.splitlines()[1:]:
+        if line.startswith("mlplcode "):
+            words = line.split()
+            name = " ".join(words[1:3]) if words[1] == "kernel" else words[1]
+            usages[name] = ""
+        usages[name] += line
+    parsed = subcommands(build_parser())
+    assert sorted(usages) == sorted(parsed)
+    count = book[book.index("The command has "):].split()[3]
+    assert count == {7: "seven", 10: "ten"}.get(len(parsed), str(len(parsed)))
+    for name, options in parsed.items():
+        assert {option for option in options if option not in usages[name]} == set(), name

@@ -347,3 +347,14 @@ def test_a_key_no_header_can_carry_is_refused_by_name(server, monkeypatch, key):
     assert str(caught.value) == (f"openai:qwen@{server.base_url}: environment variable "
                                  "MLPL_TEST_KEY holds characters an HTTP header cannot carry")
     assert server.requests == []
+
+
+def test_the_models_load_the_grammar_and_the_tools_only_for_a_model_with_a_grammar():
+    import subprocess
+    import sys
+
+    check = ("import sys; import mlplcode.models as m; loaded = lambda: sorted(n for n in sys.modules"
+             " if n.startswith(('mlplcode.grammar', 'mlplcode.tools'))); print(loaded());"
+             " m.grammar_fields('gbnf'); print('mlplcode.grammar' in loaded())")
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:2] == ["[]", "True"]

@@ -727,3 +727,18 @@ def test_the_childs_path_keeps_no_entry_inside_the_root(project, monkeypatch):
 ])
 def test_is_secret_variable(name, secret):
     assert trust.is_secret_variable(name) is secret
+
+
+def test_check_action_gives_the_tools_refusal_and_leaves_an_error_of_the_system_to_the_tool(project, monkeypatch):
+    import dataclasses
+
+    from mlplcode import verbs
+
+    opened = open_project(project)
+    assert verbs.check_action({"tool": "read", "path": "../outside.txt"}, opened).startswith("ERROR: ")
+    assert verbs.check_action({"tool": "read", "path": "hello.txt"}, opened) is None
+
+    def failing(action, project):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setitem(verbs.VERB_OF_TOOL, "read", dataclasses.replace(verbs.VERB_OF_TOOL["read"], check=failing))
+    assert verbs.check_action({"tool": "read", "path": "hello.txt"}, opened) is None

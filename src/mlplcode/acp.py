@@ -349,11 +349,13 @@ def updates(event, state):
     if kind == "observation":
         return [agent_says(fenced(event["text"]))]
     if kind == "stop":
-        failed = [
-            progress(step, status="failed", content=[shown_text(event["message"])])
-        ]
-        said = agent_says(f"stop: {event['reason']}\n\n" + fenced(event["message"]))
-        return (failed if called and step.observation is None else []) + [said]
+        said = agent_says(
+            f"stop: {code(event['reason'])}\n\n" + fenced(event["message"])
+        )
+        if not called or step.observation is not None:
+            return [said]
+        content = [shown_text(event["message"])]
+        return [progress(step, status="failed", content=content), said]
     if kind == "resume":
         return [agent_says("The run was taken up again.\n")]
     return []
@@ -393,6 +395,22 @@ OPTIONS = [
         option_id="reject", name="Reject, and end the run", kind="reject_once"
     ),
 ]
+DONE_OPTIONS = [
+    PermissionOption(option_id="allow", name="Accept this DONE", kind="allow_once"),
+    PermissionOption(
+        option_id="explain",
+        name="Refuse it, and say why in your next message",
+        kind="reject_once",
+    ),
+    PermissionOption(
+        option_id="reject", name="Refuse it; the run goes on", kind="reject_once"
+    ),
+]
+
+
+def permission_options(action):
+    """The options offered for the ask of ACTION."""
+    return DONE_OPTIONS if action.get("tool") == "done" else OPTIONS
 
 ACP_WORDS = {
     "start": "a new session",
@@ -583,7 +601,7 @@ class FrontEnd:
         """The option the person chose for STEP's action, or "cancelled"."""
         request = self.client.request_permission(
             session_id=session.id,
-            options=OPTIONS,
+            options=permission_options(step.action),
             tool_call=ToolCallUpdate(
                 tool_call_id=call_id(step), status="pending", **tool_fields(state, step)
             ),

@@ -176,9 +176,8 @@ class Agent:
         whole_policy(start["policy"], self.journal)
         goes_on = state.stop is None or state.stop["reason"] == "interrupted"
         if goes_on:
-            check_start(
-                start, self.journal
-            )  # before the agent becomes what a forged journal says
+            # Before the agent becomes what a forged journal says.
+            check_start(start, self.journal)
         self.events, self.state = events, state
         self.run_id, self.root, self.model_spec = (
             start["run"],
@@ -282,8 +281,8 @@ class Agent:
         return self.report([number])
 
     def deny(self, reason=""):
-        """Decline the action that waits; with a REASON the model reads it and goes on,
-        without one the run ends as denied."""
+        """Decline the action that waits; with a REASON the model reads it and goes on.
+        Without one the run ends as denied, but a declined DONE is only refused."""
         return self.decide(False, reason.strip())
 
     def note(self, text):
@@ -329,7 +328,7 @@ class Agent:
         with self.interruptible():
             if stopped:
                 self.record({"type": "resume"})
-            self.close_cut_step()
+            self.close_cut_step(INTERRUPTED if stopped else ENDED)
         return self.report([])
 
     @contextlib.contextmanager
@@ -340,7 +339,7 @@ class Agent:
             yield
         except KeyboardInterrupt:
             self.load()
-            self.close_cut_step()
+            self.close_cut_step(INTERRUPTED)
             if not self.state.stop:
                 self.record(
                     loop.stop(
@@ -352,9 +351,9 @@ class Agent:
         finally:
             sync_journal(self.journal)
 
-    def close_cut_step(self):
-        """Give the last step an observation if an interrupt or a crash left it without
-        one."""
+    def close_cut_step(self, cause):
+        """Give the last step an observation, saying CAUSE, if an interrupt or a crash left
+        it without one."""
         state = self.state
         last = state.steps[-1] if state.steps else None
         if (
@@ -363,17 +362,29 @@ class Agent:
             and state.stop is None
             and not waiting_step(state)
         ):
-            self.record(
-                loop.observation(
-                    last.number,
-                    False,
-                    "INTERRUPTED: the human stopped this step before it finished",
-                )
-            )
+            self.record(loop.observation(last.number, False, cut_step_text(last, cause)))
 
     def report(self, numbers):
         """A Report of the steps NUMBERS, in the state as it is now."""
         return Report(self.run_id, snapshot(self.state), tuple(numbers))
+
+INTERRUPTED = "INTERRUPTED: the human stopped this step before it finished"
+ENDED = (
+    "CUT SHORT: the process that ran this step ended before the step finished,"
+    " and recorded no reason"
+)
+
+
+def cut_step_text(step, cause):
+    """The observation of STEP, cut short by CAUSE: what is known of how far it got."""
+    if step.action.get("tool") == "done" and (step.verdict == "allow" or step.approved):
+        return f"{cause}; the DONE was not judged: send it again when it holds"
+    if step.verdict == "allow" or step.approved:
+        return (
+            f"{cause}; its action may have been carried out, whole or in part: look"
+            " before doing it again"
+        )
+    return f"{cause}; its action was not carried out"
 
 @dataclass(frozen=True)
 class Report:

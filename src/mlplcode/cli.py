@@ -1,5 +1,5 @@
-"""The mlplcode command line: run, replay, resume, demo, kernel install, export and
-acp."""
+"""The mlplcode command line: run, replay, resume, fork, demo, eval, kernel install,
+grammar, export and acp."""
 
 import argparse
 import json
@@ -596,7 +596,8 @@ def add_answers(parser):
     answers.add_argument(
         "--no",
         action="store_true",
-        help="decline every ask, which ends the run (the default without a terminal)",
+        help="decline every ask (the default without a terminal): a declined action"
+        " ends the run, a declined DONE is refused and the run goes on",
     )
 
 def seconds(text):

@@ -143,7 +143,7 @@ def check_action(action: dict, project) -> str | None:
     except PathRefused as refusal:
         return f"ERROR: {refusal}"
     except OSError:
-        return None
+        pass  # not a refusal: the tool meets the same error when it runs, and says it
     return None
 
 def fingerprint(action: dict, project) -> dict | None:

@@ -26,9 +26,8 @@ class History:
     """What git would show of the secret files' past: their values, and when they were
     read."""
 
-    stamp: (
-        tuple | None
-    )  # the repository's references and index then; None without a repository
+    # The repository's references and index then; None without a repository.
+    stamp: tuple | None
     values: frozenset
     complete: bool  # False when reading stopped at its deadline
 

@@ -67,9 +67,8 @@ def read_bytes(path: str, shown: str) -> bytes:
     changed = PathRefused(f"{shown}: changed while it was being opened; try again")
     try:
         directory = open_directory(os.path.dirname(path))
-    except (
-        OSError
-    ):  # a directory on the way is missing, or is now a link: it was judged real
+    except OSError:
+        # A directory on the way is missing, or is now a link: it was judged real.
         moved = os.path.realpath(os.path.dirname(path)) != os.path.dirname(path)
         raise (changed if moved else missing) from None
     try:

@@ -255,10 +255,9 @@ def search_files(action: dict, project) -> dict:
             "the query must be non-empty text on one line;"
             " SEARCH matches within a line"
         )
+    # Both backends read the rules here, so that a broken file is refused either way.
     for name in (".gitignore", ".mlplcodeignore"):
-        ignore_rules(
-            project, name
-        )  # for both backends, so a broken file is refused either way
+        ignore_rules(project, name)
     deadline = time.monotonic() + SEARCH_SECONDS
     if project.programs["rg"]:
         found = ripgrep_matches(project, query, deadline)
