@@ -18,6 +18,7 @@ from .journal import (
     fold,
     read_events,
     snapshot,
+    start_problem,
     sync_journal,
     waiting_step,
 )
@@ -130,8 +131,8 @@ class Agent:
         run=None,
     ):
         """Start a new run and return its Agent; refuses, before anything is written, a root
-        that is not a directory, a journal that exists or lies in the root, and a model spec
-        that names no model."""
+        that is not a directory, a journal that exists or lies in the root, a model spec
+        that names no model, and settings the journal would refuse to read back."""
         if not os.path.isdir(root):
             raise ValueError(f"{root}: not a directory")
         run, options = run or new_run_id(), settled_options(model, model_options or {})
@@ -139,7 +140,6 @@ class Agent:
         built = model_from_spec(
             model, **options, **({"on_retry": on_retry} if on_retry else {})
         )
-        os.makedirs(os.path.dirname(journal), exist_ok=True)
         root = os.path.realpath(root)
         start = {
             "type": "start",
@@ -152,6 +152,9 @@ class Agent:
             "run": run,
             "tests": snapshot_tests(root),
         }
+        if start_problem(start):
+            raise ValueError(f"cannot start this run: {start_problem(start)}")
+        os.makedirs(os.path.dirname(journal), exist_ok=True)
         append_event(journal, start)
         keep_start(start)
         return cls(journal, on_event, on_retry, model=built)
@@ -274,6 +277,7 @@ class Agent:
         """Record the decision on the step that waits and do what it means (chapter "The
         loop")."""
         number = self.waiting().number
+        reason = "".join(c for c in " ".join(reason.split()) if c.isprintable())
         with self.interruptible():
             self.project = loop.decide(
                 self.state, approved, reason, self.project, self.record
@@ -283,7 +287,7 @@ class Agent:
     def deny(self, reason=""):
         """Decline the action that waits; with a REASON the model reads it and goes on.
         Without one the run ends as denied, but a declined DONE is only refused."""
-        return self.decide(False, reason.strip())
+        return self.decide(False, reason)
 
     def note(self, text):
         """Record a note from the human; the model sees it in its next prompt."""
