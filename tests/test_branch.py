@@ -9,7 +9,7 @@ import pytest
 
 from conftest import PATCH_MUL, WRITE_TEST
 from mlplcode import Agent
-from mlplcode.branch import fork, tree_view
+from mlplcode.branch import fork, tree_view, untold_warning
 from mlplcode.cli import EXAMPLES, after_start, main, replay
 from mlplcode.journal import read_events
 from mlplcode.policy import DEFAULT_POLICY
@@ -39,7 +39,8 @@ def replays(journal, tmp_path, name):
 def test_a_branch_before_an_approved_write_can_deny_it(parent, project, tmp_path):
     branch = parent.fork(4)
     events = read_events(branch.journal)
-    assert events[0] == {"type": "branch", "parent": parent.journal, "at": 4, "sha256": events[0]["sha256"]}
+    assert events[0] == {"type": "branch", "parent": parent.journal, "at": 4, "sha256": events[0]["sha256"],
+                         "untold": [5]}  # step 5 ran the tests
     assert after_start(events) == after_start(parent.events)[:len(after_start(events))]
     assert len(branch.state.steps) == 3 and branch.root != parent.root
     assert "def mul" in open(os.path.join(branch.root, "calc.py")).read()  # step 3 happened before
@@ -176,3 +177,16 @@ def test_a_path_is_one_file_however_it_is_written(notes, tmp_path):
     # read it, so it existed, and the branch must put back what step 1 read, not remove it.
     agent = run_script(notes, tmp_path, ["READ ./notes.txt", "READ calc.py", "WRITE notes.txt\nnew\nEND"])
     assert notes_in(agent.fork(3)) == "as the user left it\n"
+
+
+def test_the_branch_remembers_the_steps_that_ran_tests_for_every_front_end(notes, tmp_path, capsys):
+    # The test run at step 3 is after the branch point: its effects are in the copy, and both
+    # the branch's own state (what %fork warns from) and the command line say so.
+    agent = run_script(notes, tmp_path, ["READ notes.txt", "READ calc.py", "RUN python -m pytest -q"])
+    branch = agent.fork(2)
+    assert branch.state.branch["untold"] == [3]
+    assert Agent(branch.journal).state.branch["untold"] == [3]
+    assert agent.fork(3).state.branch["untold"] == [3]
+    assert main(["fork", agent.journal, "--at", "2"]) == 0
+    assert untold_warning([3]) in capsys.readouterr().out.splitlines()
+    assert untold_warning([]) == ""

@@ -126,6 +126,7 @@ def fork(journal, at, new_journal=None):
         os.path.basename(state.start["root"]),
     )
     new_journal = journal_path(new_journal, copy, run)
+    untold = [step.number for step in state.steps[at - 1 :] if ran_tests(step)]
     shutil.copytree(state.start["root"], copy, symlinks=True)
     restore(copy, texts)
     os.makedirs(os.path.dirname(new_journal), exist_ok=True)
@@ -140,14 +141,24 @@ def fork(journal, at, new_journal=None):
             "parent": os.path.abspath(journal),
             "sha256": digest,
             "at": at,
+            "untold": untold,
         },
         start,
         *after_start,
     ]:
         append_event(new_journal, event)
     keep_start(start)
-    untold = [step.number for step in state.steps[at - 1 :] if ran_tests(step)]
     return new_journal, copy, untold
+
+def untold_warning(untold):
+    """What a person is told of the steps from N on that ran tests; "" when none did."""
+    if not untold:
+        return ""
+    return (
+        f"warning: step(s) {', '.join(map(str, untold))} ran tests, which may have"
+        " changed files the journal does not record; the copy has them as they"
+        " are now"
+    )
 
 def first_event(journal):
     """The first event of JOURNAL, read alone, or None when it cannot be read."""

@@ -196,17 +196,13 @@ def command_resume(args):
     return drive(agent, decider(args))
 
 def command_fork(args):
-    from .branch import fork
+    from .branch import fork, untold_warning
 
     journal, root, untold = fork(args.journal, args.at, args.to)
     print(f"branch: {journal}")
     print(f"root: {root} (a copy, with the files as they were before step {args.at})")
     if untold:
-        print(
-            f"warning: step(s) {', '.join(map(str, untold))} ran tests, which may have"
-            " changed files the journal does not record; the copy has them as they"
-            " are now"
-        )
+        print(untold_warning(untold))
     print(f"go on with: mlplcode resume {journal}")
     return 0
 

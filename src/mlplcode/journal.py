@@ -68,6 +68,8 @@ def event_problem(event, index, steps, start_index=0):
             return f"a {kind} event needs {name} ({expected.__name__})"
     if kind == "branch" and index != 0:
         return "a branch event is the first line of a journal"
+    if kind == "branch" and not untold_steps(event.get("untold", [])):
+        return "a branch event's untold is a list of step numbers"
     if kind != "branch" and (kind == "start") != (index == start_index):
         return (
             "a journal has one start event, on its first line (its second, after a"
@@ -104,6 +106,9 @@ def start_problem(start):
         ):
             return f"a start event's model option {name} is a number or one line"
     return tests_problem(start["tests"])
+
+def untold_steps(untold):
+    return isinstance(untold, list) and all(type(n) is int and n > 0 for n in untold)
 
 TEST_ENTRY_FIELDS = {"sha256", "text", "link", "other"}
 
@@ -234,7 +239,11 @@ def apply(state, event):
         state.summary, state.summarized = event["summary"], event["upto"]
         state.compactions += 1
     elif kind == "branch":
-        state.branch = {"parent": event["parent"], "at": event["at"]}
+        state.branch = {
+            "parent": event["parent"],
+            "at": event["at"],
+            "untold": event.get("untold", []),
+        }
     return state
 
 def fold(events):

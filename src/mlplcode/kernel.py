@@ -402,8 +402,12 @@ class MlplcodeKernel(Kernel):
         self.show(note_view(text), "note", len(self.agent.state.steps))
 
     def command_fork(self, argument):
+        from .branch import untold_warning
+    
         self.agent = self.current().fork(positive(argument, "%fork N"))
         self.show(self.state_view(), "state")
+        if self.agent.state.branch["untold"]:
+            self.warn(untold_warning(self.agent.state.branch["untold"]))
 
     def command_compact(self, argument):
         self.no_argument("compact", argument)
