@@ -175,7 +175,7 @@ print(helper(), 1 << 2, farewell())
 
 * Farewell
 
-The farewell is written in two parts.
+The farewell, =<<farewell>>=, is written in two parts; =<<nothing>>= names no fragment.
 
 #+begin_src python :noweb-ref farewell :tangle no
 def farewell():
@@ -207,8 +207,11 @@ def test_a_noweb_reference_links_to_the_block_it_names(small_export):
     assert user["code"] == "⟨helper⟩\n\n\n⟨farewell⟩\n\n\nprint(helper(), 1 << 2, farewell())"
     assert (first["id"], second["id"]) == ("ref:farewell", "ref:farewell:2")
     assert page.count('<a class="ref" href="#ref:helper">⟨helper⟩</a>') == 1
-    assert page.count('<a class="ref" href="#ref:farewell">⟨farewell⟩</a>') == 1
-    assert page.count('class="ref"') == 2, "a shift is not a reference"
+    assert page.count('<a class="ref" href="#ref:farewell">⟨farewell⟩</a>') == 2  # code, prose
+    assert page.count('class="ref"') == 3, "a shift is not a reference"
+    prose = page[page.index('id="farewell"'):]
+    assert '<a class="ref" href="#ref:farewell">⟨farewell⟩</a>, is' in prose
+    assert "&lt;&lt;nothing&gt;&gt;" in prose
 
 
 def notes(page):

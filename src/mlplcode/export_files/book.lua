@@ -7,9 +7,14 @@
 local html, typst = FORMAT:match("html") ~= nil, FORMAT == "typst"
 local links = { blocks = {}, fragments = {}, files = {} }
 
+local fragment_named = {}
+
 local function take_cross_references(raw)
   if raw.format == "mlplcode" then
     links = pandoc.json.decode(raw.text, false)
+    for _, fragment in ipairs(links.fragments) do
+      fragment_named[fragment.name] = fragment
+    end
     return {}
   end
 end
@@ -334,6 +339,13 @@ local function without_properties(header)
 end
 
 local function html_inline_code(code)
+  local name = code.text:match("^<<(.+)>>$")
+  local fragment = name and fragment_named[name]
+  if fragment then
+    local href = "#" .. escape_html(fragment.parts[1])
+    return pandoc.RawInline("html", '<a class="ref" href="' .. href .. '">'
+      .. escape_html(name_text(name)) .. "</a>")
+  end
   local text = escape_html(code.text):gsub("%S+", function(word)
     return '<span class="nb">' .. word:gsub("/(.)", '/</span><wbr><span class="nb">%1')
       .. "</span>"
