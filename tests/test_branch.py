@@ -190,3 +190,9 @@ def test_the_branch_remembers_the_steps_that_ran_tests_for_every_front_end(notes
     assert main(["fork", agent.journal, "--at", "2"]) == 0
     assert untold_warning([3]) in capsys.readouterr().out.splitlines()
     assert untold_warning([]) == ""
+
+
+def test_a_run_without_steps_says_so_when_asked_for_a_branch(project, tmp_path):
+    agent = Agent.start("t", project, "echo", journal=str(tmp_path / "j.jsonl"))
+    with pytest.raises(ValueError, match="^the run has no steps yet; a branch starts at one of them$"):
+        agent.fork(1)

@@ -16,6 +16,8 @@ def events_before(events, at):
         if event["type"] == "reply" and event["step"] == at:
             return events[:index]
     steps = sum(event["type"] == "reply" for event in events)
+    if not steps:
+        raise ValueError("the run has no steps yet; a branch starts at one of them")
     raise ValueError(f"the run has steps 1 to {steps}; a branch starts at one of them")
 
 def ran_tests(step):

@@ -608,7 +608,7 @@ def seconds(text):
     return value
 
 def positive(text):
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
     return int(text)
 
