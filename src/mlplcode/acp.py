@@ -384,28 +384,23 @@ def stop_reason(stop):
         {"stop": stop["reason"]},
     )
 
-OPTIONS = [
-    PermissionOption(option_id="allow", name="Allow", kind="allow_once"),
-    PermissionOption(
-        option_id="explain",
-        name="Reject, and say why in your next message",
-        kind="reject_once",
-    ),
-    PermissionOption(
-        option_id="reject", name="Reject, and end the run", kind="reject_once"
-    ),
-]
-DONE_OPTIONS = [
-    PermissionOption(option_id="allow", name="Accept this DONE", kind="allow_once"),
-    PermissionOption(
-        option_id="explain",
-        name="Refuse it, and say why in your next message",
-        kind="reject_once",
-    ),
-    PermissionOption(
-        option_id="reject", name="Refuse it; the run goes on", kind="reject_once"
-    ),
-]
+def answers(allow, explain, reject):
+    """The three answers to an ask, with the names a client shows for them."""
+    return [
+        PermissionOption(option_id="allow", name=allow, kind="allow_once"),
+        PermissionOption(option_id="explain", name=explain, kind="reject_once"),
+        PermissionOption(option_id="reject", name=reject, kind="reject_once"),
+    ]
+
+
+OPTIONS = answers(
+    "Allow", "Reject, and say why in your next message", "Reject, and end the run"
+)
+DONE_OPTIONS = answers(
+    "Accept this DONE",
+    "Refuse it, and say why in your next message",
+    "Refuse it; the run goes on",
+)
 
 
 def permission_options(action):
