@@ -100,8 +100,9 @@ class MlplcodeKernelTests(jupyter_kernel_test.KernelTests):
     completion_samples = [{"text": "%ap", "matches": {"%approve"}},
                           {"text": "%s", "matches": {"%step", "%show", "%save"}},
                           {"text": "%show st", "matches": {"state"}}]
-    complete_code_samples = ["%step", "Keep add unchanged.", "%%task\nAdd mul", "%root x\n%step 2"]
-    incomplete_code_samples = ["%%task", "%%task\n\n"]
+    complete_code_samples = ["%step", "Keep add unchanged.", "%%task\nAdd mul", "%root x\n%step 2",
+                             "%%note\n%approve is what I would say"]
+    incomplete_code_samples = ["%%task", "%%task\n\n", "%%note"]
     invalid_code_samples = ["%stpe", "%step\nnot a command"]
     code_inspect_sample = "%deny"
 
@@ -531,3 +532,5 @@ def test_the_kernel_names_a_lexer_that_pygments_finds(kernel):
     for name in COMMANDS:
         assert next(iter(lexer.get_tokens(f"%{name} x"))) == (Keyword, f"%{name}")
     assert list(lexer.get_tokens("Keep add.\n%step\n")) == [(Text, "Keep add.\n%step\n")]  # a note, whole
+    assert [(kind, value) for kind, value in lexer.get_tokens("%%note\n%step\n") if value.strip()] == [
+        (Keyword, "%%note"), (String, "\n%step\n")]

@@ -540,7 +540,8 @@ def test_parse_command_gives_the_path_operands():
 
 PROGRAMS = {"python": "/trusted/python", "git": "/trusted/git"}
 HARDENED = ["--no-pager", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
-            "-c", "protocol.allow=never"]
+            "-c", "protocol.allow=never", "-c", "log.showSignature=false",
+            "-c", "core.untrackedCache=false"]
 
 
 def test_program_argv_starts_the_trusted_programs_by_their_paths():

@@ -6,6 +6,7 @@ import nbformat
 import pytest
 
 from mlplcode import Agent
+from mlplcode.kernel import parse_cell
 from mlplcode.show import as_html, as_markdown, as_text, change, step_view
 from mlplcode.transcript import MODEL_COMMAND_OPTIONS, org_escape, save
 
@@ -70,6 +71,18 @@ def test_the_notebook_transcript_is_a_valid_notebook_of_the_cells_that_drove_the
     assert notebook.metadata.kernelspec.name == "mlplcode"
     assert {output.metadata["mlplcode"]["run"] for cell in notebook.cells for output in cell.get("outputs", [])} \
         == {finished.run_id}
+
+
+@pytest.mark.parametrize("note", ["%approve\n%run", "  %policy write=allow", "%%task\nsomething else"])
+def test_a_note_that_looks_like_commands_is_written_as_a_note(project, replies, tmp_path, note):
+    """An editor's prompt or a Python call may record such a note; run again from the
+    notebook, it must be the same note, not the commands it looks like."""
+    agent = Agent.start("t", project, f"scripted:{replies}", journal=str(tmp_path / "run.jsonl"))
+    agent.note(note)
+    path = str(tmp_path / "t.ipynb")
+    save(agent.journal, path)
+    cell = nbformat.read(path, as_version=4).cells[-1].source
+    assert parse_cell(cell) == [("note", note.strip())]
 
 
 def test_the_notebook_s_model_cell_carries_the_options_the_run_used(project, replies, tmp_path):

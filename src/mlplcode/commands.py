@@ -165,7 +165,7 @@ def classify_command(command: str) -> str:
     refused."""
     return "shell" if command_refusal(command) else parse_command(command)[0]
 
-GIT_HARDENING = [
+GIT_HARDENING = (
     "--no-pager",
     "-c",
     "core.fsmonitor=false",
@@ -173,7 +173,11 @@ GIT_HARDENING = [
     "core.hooksPath=/dev/null",
     "-c",
     "protocol.allow=never",
-]
+    "-c",
+    "log.showSignature=false",
+    "-c",
+    "core.untrackedCache=false",
+)
 
 
 def program_argv(

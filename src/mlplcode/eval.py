@@ -31,6 +31,7 @@ from .tools.project import NO_RULES, find_secret_files, open_project, planted_se
 from .tools.run import protected_paths, pytest_passed, run_process, show_output, survey
 from .tools.write import AGENT_FILES
 from .trust import visible
+from .verify import real_directories, remove
 
 TASK_TEXT, PROJECT, CHECK, SETTINGS = "task.md", "project", "check", "settings.json"
 TEST_FILE = re.compile(r"test_.*\.py|.*_test\.py")
@@ -241,13 +242,6 @@ def run_trial(inputs):
         "seconds": seconds,
     }
 
-def remove(path):
-    """Remove whatever is at PATH: a link itself, never what it leads to."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
-
 def lay_over(source, root):
     """Copy each file under SOURCE to the same path under ROOT, replacing what is there.
 
@@ -256,18 +250,10 @@ def lay_over(source, root):
     """
     for parent, _, files in os.walk(source):
         relative = os.path.relpath(parent, source)
-        target = root
-        for part in [] if relative == "." else relative.split(os.sep):
-            target = os.path.join(target, part)
-            if os.path.lexists(target) and (
-                os.path.islink(target) or not os.path.isdir(target)
-            ):
-                remove(target)
-            if not os.path.lexists(target):
-                os.mkdir(target)
+        parts = [] if relative == "." else relative.split(os.sep)
+        target = real_directories(root, parts)
         for name in files:
-            if os.path.lexists(os.path.join(target, name)):
-                remove(os.path.join(target, name))
+            remove(os.path.join(target, name))
             shutil.copyfile(os.path.join(parent, name), os.path.join(target, name))
 
 def check_argv(root, tests):

@@ -122,13 +122,17 @@ class UsageError(Exception):
     """A cell the kernel cannot carry out as written; the message says how to write
     it."""
 
+CELL_BODIES = ["%%task", "%%note"]
+
+
 def parse_cell(code):
     """The commands of a cell, [(name, argument)], all checked before any is carried
     out.
 
     A cell whose first line does not start with % is one note. Otherwise every
-    line that is not blank is a command, and %%task takes the rest of the cell
-    as its task. Refuses a line that is not a command, and an unknown command.
+    line that is not blank is a command, and %%task or %%note takes the rest of
+    the cell as its task or note. Refuses a line that is not a command, and an
+    unknown command.
     """
     text = code.strip()
     if not text:
@@ -138,13 +142,14 @@ def parse_cell(code):
     lines = text.splitlines()
     commands = []
     for number, line in enumerate(lines, 1):
-        if line.split(maxsplit=1)[:1] == ["%%task"]:
-            if line.strip() != "%%task":
+        first = line.split(maxsplit=1)[:1]
+        if first and first[0] in CELL_BODIES:
+            if line.strip() != first[0]:
                 raise UsageError(
-                    "%%task stands alone on its line; the task goes on the lines"
-                    " below it"
+                    f"{first[0]} stands alone on its line; the {first[0][2:]} goes on"
+                    " the lines below it"
                 )
-            return commands + [("task", "\n".join(lines[number:]).strip())]
+            return commands + [(first[0][2:], "\n".join(lines[number:]).strip())]
         if not line.strip():
             continue
         if not line.startswith("%"):
@@ -181,7 +186,8 @@ def help_view(name=""):
     return [(
         "title",
         "",
-        "mlplcode: one command per line; a cell of plain text is a note for the model",
+        "mlplcode: one command per line; a cell of plain text is a note for the"
+        " model; %%task or %%note takes the rest of the cell",
     )] + [
         ("line", f"%{command} {arguments}".rstrip(), purpose)
         for command, (arguments, purpose) in COMMANDS.items()
@@ -398,6 +404,8 @@ class MlplcodeKernel(Kernel):
         self.show_decision(self.current().deny(argument))
 
     def command_note(self, text):
+        if not text:
+            raise UsageError("%%note needs its note on the lines below it")
         self.current().note(text)
         self.show(note_view(text), "note", len(self.agent.state.steps))
 
@@ -503,7 +511,7 @@ class MlplcodeKernel(Kernel):
         line = code[start:cursor_pos]
         command, space, word = line.partition(" ")
         if not space:
-            word, options = command, ["%" + name for name in COMMANDS] + ["%%task"]
+            word, options = command, ["%" + name for name in COMMANDS] + CELL_BODIES
         elif command == "%show" and " " not in word:
             options = SHOW_TOPICS
         elif command == "%help" and " " not in word:
@@ -536,7 +544,7 @@ class MlplcodeKernel(Kernel):
             commands = parse_cell(code)
         except UsageError:
             return {"status": "invalid"}
-        if commands[-1:] == [("task", "")]:
+        if commands[-1:] in ([("task", "")], [("note", "")]):
             return {"status": "incomplete", "indent": ""}
         return {"status": "complete"}
 

@@ -17,7 +17,7 @@ class MlplcodeLexer(RegexLexer):
                 r"\A\s*(?=[^%\s])[\s\S]*",
                 Text,
             ),  # the first line is not a command: the cell is a note
-            (r"^%%task[ \t]*$", Keyword, "task"),
+            (r"^%%(task|note)[ \t]*$", Keyword, "task"),
             (r"^%[A-Za-z]+", Keyword, "arguments"),
             (r"\s+", Whitespace),
             (r".+", Text),  # a line that is not a command, which the kernel refuses

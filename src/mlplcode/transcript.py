@@ -132,6 +132,10 @@ def org_escape(text):
     a keyword."""
     return re.sub(r"(?m)^([ \t]*)(,*(?:\*|#\+))", r"\1,\2", text)
 
+def note_source(text):
+    """A note as the source of a cell that the kernel reads as that very note."""
+    return "%%note\n" + text if text.strip().startswith("%") else text
+
 def notebook(events):
     """The run of EVENTS as a notebook of the cells that would have driven it."""
     import nbformat
@@ -167,7 +171,7 @@ def notebook(events):
         if event["type"] == "note":
             cells.append(
                 new_code_cell(
-                    visible(event["text"]),
+                    visible(note_source(event["text"])),
                     outputs=[output("note", number, note_view(event["text"]))],
                 )
             )

@@ -384,16 +384,18 @@ def copy_file(source, target, relative):
             os.chmod(copy, stat.S_IMODE(os.fstat(source.fileno()).st_mode))
 
 def remove(path):
+    """Remove whatever is at PATH, if anything: a link, never what it leads to."""
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)
     elif os.path.lexists(path):
         os.unlink(path)
 
-def put_back(source, copy, path, entry):
-    """Make PATH in the scratch COPY of SOURCE what ENTRY recorded at the start; remove
-    it when ENTRY is None."""
-    directory = copy
-    for part in path.split("/")[:-1]:
+
+def real_directories(root, parts):
+    """ROOT joined with PARTS, each directory on the way made a real one: a link or a
+    file where one should be is removed first. Returns the last."""
+    directory = root
+    for part in parts:
         directory = os.path.join(directory, part)
         if os.path.islink(directory) or (
             os.path.lexists(directory) and not os.path.isdir(directory)
@@ -401,6 +403,12 @@ def put_back(source, copy, path, entry):
             remove(directory)
         if not os.path.lexists(directory):
             os.mkdir(directory)
+    return directory
+
+def put_back(source, copy, path, entry):
+    """Make PATH in the scratch COPY of SOURCE what ENTRY recorded at the start; remove
+    it when ENTRY is None."""
+    real_directories(copy, path.split("/")[:-1])
     target = os.path.join(copy, path)
     remove(target)
     if entry is None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 import pathspec
 
+from ..commands import GIT_HARDENING
 from ..trust import (
     PRIVATE_KEY,
     child_environment,
@@ -184,19 +185,6 @@ def planted_secrets(paths) -> set:
     return values
 
 HISTORY_SECONDS = 10
-GIT_HARDENING = (
-    "--no-pager",
-    "-c",
-    "core.fsmonitor=false",
-    "-c",
-    "core.hooksPath=/dev/null",
-    "-c",
-    "protocol.allow=never",
-    "-c",
-    "log.showSignature=false",
-    "-c",
-    "core.untrackedCache=false",
-)
 
 
 def git_output(
