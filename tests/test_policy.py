@@ -125,7 +125,8 @@ def test_preview_of_an_ordinary_file_has_no_warning():
 def test_preview_shows_the_argv_that_runs():
     shown = preview(GIT_DIFF).splitlines()
     assert shown[0] == ("runs: git --no-pager -c core.fsmonitor=false -c core.hooksPath=/dev/null"
-                        " -c protocol.allow=never diff --no-ext-diff --no-textconv --relative -- .")
+                        " -c protocol.allow=never -c log.showSignature=false -c core.untrackedCache=false"
+                        " diff --no-ext-diff --no-textconv --relative -- .")
     assert shown[1] == "in: the project root"
 
 
