@@ -27,98 +27,91 @@ class Verb:
     name: str
     argument: str
     needs: str
-    body: str
     form: str
-    rule: str
     category: str | Callable
-    check: Callable | None
-    run: Callable | None
-    target: Callable | None
+    body: str = ""
+    rule: str = ""
+    check: Callable | None = None
+    run: Callable | None = None
+    target: Callable | None = None
     shown: str = "text"
     kind: str = "other"
 
 VERBS = (
     Verb(
-        "READ",
-        "path",
-        "a path",
-        "",
-        "READ <path>",
-        "",
-        "read",
-        check_read,
-        read_file,
-        file_target,
+        name="READ",
+        argument="path",
+        needs="a path",
+        form="READ <path>",
+        category="read",
+        check=check_read,
+        run=read_file,
+        target=file_target,
         kind="read",
     ),
     Verb(
-        "SEARCH",
-        "query",
-        "the text to look for",
-        "",
-        "SEARCH <text>",
-        "",
-        "search",
-        None,
-        search_files,
-        None,
+        name="SEARCH",
+        argument="query",
+        needs="the text to look for",
+        form="SEARCH <text>",
+        category="search",
+        run=search_files,
         kind="search",
     ),
     Verb(
-        "WRITE",
-        "path",
-        "a path",
-        "content",
-        "WRITE <path>\n<complete file contents>\nEND",
-        "READ a file before you WRITE or PATCH it. WRITE replaces the whole file.",
-        write_category,
-        check_write,
-        write_file,
-        file_target,
-        "diff",
+        name="WRITE",
+        argument="path",
+        needs="a path",
+        body="content",
+        form="WRITE <path>\n<complete file contents>\nEND",
+        rule="READ a file before you WRITE or PATCH it. WRITE replaces the whole file.",
+        category=write_category,
+        check=check_write,
+        run=write_file,
+        target=file_target,
+        shown="diff",
         kind="edit",
     ),
     Verb(
-        "PATCH",
-        "path",
-        "a path",
-        "patch",
-        "PATCH <path>\nOLD\n<exact existing lines>\nNEW\n<replacement lines>\nEND",
-        "PATCH replaces the OLD lines, which must occur exactly once in the file.",
-        write_category,
-        check_patch,
-        patch_file,
-        file_target,
-        "diff",
+        name="PATCH",
+        argument="path",
+        needs="a path",
+        body="patch",
+        form="PATCH <path>\nOLD\n<exact existing lines>\nNEW\n<replacement lines>\nEND",
+        rule="PATCH replaces the OLD lines, which must occur exactly once in the file.",
+        category=write_category,
+        check=check_patch,
+        run=patch_file,
+        target=file_target,
+        shown="diff",
         kind="edit",
     ),
     Verb(
-        "RUN",
-        "command",
-        "a command",
-        "",
-        "RUN <command>",
-        "RUN runs the tests or looks at git, without a shell: pytest, python -m pytest,"
-        " git status, git diff.",
-        classify_command,
-        check_run,
-        run_command,
-        command_target,
+        name="RUN",
+        argument="command",
+        needs="a command",
+        form="RUN <command>",
+        rule=(
+            "RUN runs the tests or looks at git, without a shell: pytest,"
+            " python -m pytest, git status, git diff."
+        ),
+        category=classify_command,
+        check=check_run,
+        run=run_command,
+        target=command_target,
         kind="execute",
     ),
     Verb(
-        "DONE",
-        "summary",
-        "a one-line summary",
-        "",
-        "DONE <summary>",
-        "DONE is accepted only after you have edited a file and a test run has passed"
-        " since that edit; the project's tests as they were before your changes must"
-        " pass too.",
-        "done",
-        None,
-        None,
-        None,
+        name="DONE",
+        argument="summary",
+        needs="a one-line summary",
+        form="DONE <summary>",
+        rule=(
+            "DONE is accepted only after you have edited a file and a test run has"
+            " passed since that edit; the project's tests as they were before your"
+            " changes must pass too."
+        ),
+        category="done",
     ),
 )
 
