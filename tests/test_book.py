@@ -73,3 +73,30 @@ def test_no_line_of_code_is_wider_than_the_page(book):
         if len(line.rstrip("\n")) > WIDTH
     ]
     assert wide == [], f"{len(wide)} lines over {WIDTH} columns:\n" + "\n".join(wide)
+
+
+# The functions a step and a run go through, which Part I must define: the loop
+# read in one sitting, with nothing of it left for later Parts.
+MAIN_LINE = (
+    "step", "judge", "carry_out", "conclude", "decide", "parse_action",
+    "build_context", "authorize", "guard", "apply", "fold", "append_event",
+    "read_file", "execute", "advance", "drive",
+)
+
+
+def part_of(book, heading):
+    """The Part (level-1 heading) that HEADING lies in."""
+    while heading is not None and heading.level > 1:
+        heading = heading.parent
+    return heading.title if heading else ""
+
+
+def test_part_one_defines_every_function_of_the_main_line(book):
+    where = {}
+    for block in book.doc.blocks:
+        for line in block.raw_lines:
+            match = re.match(r"\s*def (\w+)\(", line)
+            if match and match.group(1) in MAIN_LINE:
+                where.setdefault(match.group(1), set()).add(part_of(book, block.heading))
+    missing = [name for name in MAIN_LINE if "Part I: The loop" not in where.get(name, ())]
+    assert missing == []
