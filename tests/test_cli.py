@@ -361,3 +361,17 @@ def test_the_book_lists_every_subcommand_with_every_option():
     assert count == {7: "seven", 10: "ten"}.get(len(parsed), str(len(parsed)))
     for name, options in parsed.items():
         assert {option for option in options if option not in usages[name]} == set(), name
+
+
+@pytest.mark.parametrize("flags, stop", [(["--yes"], "done"), (["--no"], "denied"), ([], "denied")])
+def test_resume_puts_the_ask_a_run_waits_at_to_the_person(project, script, tmp_path, capsys, flags, stop):
+    journal = str(tmp_path / "run.jsonl")
+    agent = Agent.start("Add mul", project, f"scripted:{script}", journal=journal)
+    agent.run()  # as a notebook leaves it: step 3, a PATCH, waits for a decision
+    assert agent.waiting().number == 3
+    status = main(["resume", journal, *flags])
+    out = capsys.readouterr().out.splitlines()
+    assert out[3] == "step  3  waits: PATCH calc.py"
+    assert (status, out[-1]) == (0 if stop == "done" else 1, f"stop: {stop}")
+    decisions = [e for e in read_events(journal) if e["type"] == "decision"]
+    assert decisions[0] == {"type": "decision", "step": 3, "approved": stop == "done"}

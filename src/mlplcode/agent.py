@@ -252,11 +252,11 @@ class Agent:
     def drive(self, decider):
         """Run to the stop, answering each ask with DECIDER(action) -> (approved,
         reason)."""
-        self.run()
         while not self.state.stop:
-            approved, reason = decider(self.waiting().action)
-            self.decide(approved, reason)
-            if not self.state.stop:
+            waiting = waiting_step(self.state)
+            if waiting:
+                self.decide(*decider(waiting.action))
+            else:
                 self.run()
         return self.report([])
 

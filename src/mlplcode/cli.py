@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 from .export import DEFAULT_DIRECTORY, command_export
-from .journal import DEFAULT_BUDGET
+from .journal import DEFAULT_BUDGET, waiting_step
 from .models import DEFAULT_TIMEOUT, GRAMMAR_CHOICES, SPEC_KINDS, ModelError
 from .trust import visible
 
@@ -86,6 +86,9 @@ def drive(agent, decider):
             " files in older commits are not redacted"
         )
     print(f"journal: {agent.journal}", flush=True)
+    waiting = waiting_step(agent.state)
+    if waiting:
+        print_waiting(waiting)
     try:
         agent.drive(decider)
     except KeyboardInterrupt:
@@ -194,6 +197,17 @@ def command_resume(args):
     except AgentError as error:
         raise ValueError(error.said(CLI_WORDS)) from None
     return drive(agent, decider(args))
+
+def print_waiting(step):
+    """Say which step of a run taken up waits for a decision, and for a DONE's ask,
+    why it asks."""
+    from .protocol import headline
+
+    if step.action["tool"] == "done":
+        shown = f"step {step.number:>2}  {step.reason}\n{step.target['diff']}"
+        print(visible(shown), end="")
+    else:
+        print(visible(f"step {step.number:>2}  waits: {headline(step.action)}"))
 
 def command_fork(args):
     from .branch import fork, untold_warning
