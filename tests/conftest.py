@@ -15,6 +15,11 @@ from mlplcode.cli import EXAMPLES, install_kernel
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="mlplcode-state-")
 atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)
 
+# How long a test waits for a program, a kernel or a notebook before it gives up: a
+# guard against a hang, never a verdict on a slow machine. A loaded machine may take
+# many times longer than an idle one, and a correct run must still pass there.
+HANG = 1800
+
 
 @pytest.fixture
 def project(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from mlplcode.journal import read_events
 
-from conftest import ADD_MUL_WITH_A_DENIAL
+from conftest import ADD_MUL_WITH_A_DENIAL, HANG
 
 try:
     import acp
@@ -25,7 +25,7 @@ except ModuleNotFoundError:
 MLPLCODE = os.path.join(os.path.dirname(sys.executable), "mlplcode")
 TASK = "Add a function mul(a, b) to calc.py and a test for it"
 REASON = "patch test_calc.py instead of writing it whole"
-WAIT = 60  # seconds a test waits for the agent before it gives up; a bound, not a measure
+WAIT = HANG  # seconds a test waits for the agent before it gives up
 
 
 def runs():

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_tool
+from conftest import HANG, require_tool
 from mlplcode.cli import main
 from mlplcode.export import BOOK, block_label, export_book, load_tangler
 
@@ -387,7 +387,7 @@ def test_the_web_page_fits_a_phone_and_a_laptop(exported, width):
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={profile}", "--hide-scrollbars", "--allow-file-access-from-files",
              f"--window-size={width},1600", f"--screenshot={screenshot}", "--dump-dom", frame.as_uri()],
-            capture_output=True, text=True, timeout=120)
+            capture_output=True, text=True, timeout=HANG)
     print(f"screenshot at {width} px: {screenshot}")
     found = re.search(r'<pre id="measurement">(.+?)</pre>', result.stdout)
     assert found, f"no measurement from chromium: {result.stderr[-2000:]}"

@@ -14,14 +14,14 @@ import nbformat
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from conftest import install_kernelspec
+from conftest import HANG, install_kernelspec
 from mlplcode import Agent
 from mlplcode.kernel import COMMANDS, help_view
 from mlplcode.policy import DEFAULT_POLICY
 from mlplcode.show import as_text
 
 install_kernelspec()  # before any kernel test class is set up
-TIMEOUT = 30
+TIMEOUT = HANG
 
 
 class Kernel:

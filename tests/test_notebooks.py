@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from conftest import install_kernelspec
+from conftest import HANG, install_kernelspec
 from mlplcode.cli import EXAMPLES
 
 install_kernelspec()
@@ -30,7 +30,7 @@ def scratch_checkout(tmp_path):
 
 def execute(path, env):
     notebook = nbformat.read(str(path), as_version=4)
-    NotebookClient(notebook, timeout=60, resources={"metadata": {"path": str(path.parent)}}).execute(env=env)
+    NotebookClient(notebook, timeout=HANG, resources={"metadata": {"path": str(path.parent)}}).execute(env=env)
     nbformat.validate(notebook)
     return notebook
 
@@ -87,7 +87,7 @@ def test_papermill_runs_the_batch_notebook_with_another_task_and_model(tmp_path)
     result = subprocess.run([os.path.join(BIN, "papermill"), str(tmp_path / "notebooks" / "batch.ipynb"), str(out),
                              "--cwd", str(tmp_path / "notebooks"), "-p", "task", "Add sub(a, b) to calc.py",
                              "-p", "model", f"scripted:{script}", "-p", "budget", "6"],
-                            capture_output=True, text=True, env=env, timeout=300)
+                            capture_output=True, text=True, env=env, timeout=HANG)
     assert result.returncode == 0, result.stderr[-3000:]
     notebook = nbformat.read(str(out), as_version=4)
     injected = notebook.cells[2]
@@ -116,7 +116,7 @@ def test_nbconvert_writes_highlighted_cells_and_fixed_width_outputs(tmp_path):
     nbformat.write(execute(tmp_path / "notebooks" / "walkthrough.ipynb", env), str(executed))
     # The command line, as a user runs it.
     result = subprocess.run([os.path.join(BIN, "jupyter"), "nbconvert", "--to", "html", str(executed)],
-                            capture_output=True, text=True, env=env, timeout=300)
+                            capture_output=True, text=True, env=env, timeout=HANG)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "No lexer found" not in result.stderr and "Warning" not in result.stderr, result.stderr
     page = (tmp_path / "notebooks" / "executed.html").read_text()

@@ -30,12 +30,12 @@ import pytest
 
 from mlplcode import Agent
 
-from conftest import require_tool
+from conftest import HANG, require_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 LISP_FILE = ROOT / "src" / "mlplcode" / "ob-mlplcode.el"
 EXAMPLES = ROOT / "examples"
-TIMEOUT = 120
+TIMEOUT = HANG
 
 
 class Sessions:

@@ -19,11 +19,11 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from conftest import require_tool
+from conftest import HANG, require_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-TIMEOUT = 120
+TIMEOUT = HANG
 
 
 def paragraph(opening):
@@ -69,7 +69,7 @@ def test_the_jupyter_paragraph(home, tmp_path):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     notebook = nbformat.read(str(tmp_path / "notebooks" / "walkthrough.ipynb"), as_version=4)
     env = {**os.environ, "TMPDIR": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")}
-    NotebookClient(notebook, timeout=60, resources={"metadata": {"path": str(tmp_path / "notebooks")}}).execute(env=env)
+    NotebookClient(notebook, timeout=HANG, resources={"metadata": {"path": str(tmp_path / "notebooks")}}).execute(env=env)
     assert not [o for cell in notebook.cells for o in cell.get("outputs", []) if o.output_type == "error"]
     assert "stop: done" in (tmp_path / "notebooks" / "walkthrough-transcript.md").read_text().replace("**", "")
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import HANG
+
 TANGLER = Path(__file__).resolve().parent.parent / "tangle" / "tangle.py"
 DATABASE = ".book.org.tangle.json"
 
@@ -133,7 +135,7 @@ TOOL = "#!/usr/bin/env python3\nimport sys\nprint(sys.argv)\n"
 
 def tangle(cwd, *args):
     return subprocess.run([sys.executable, str(TANGLER), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=HANG)
 
 
 def write(path, text):

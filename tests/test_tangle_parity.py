@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_tool
+from conftest import HANG, require_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 TANGLE = ROOT / "tangle" / "tangle.py"
@@ -46,7 +46,7 @@ CORPUS = ROOT / "tests" / "tangle" / "corpus"
 BOOK = ROOT / "mlplcode.org"
 EMACS = shutil.which("emacs")
 EMACS_REQUIRES = ["--eval", "(require 'org)", "--eval", "(require 'ob-python)"]
-TIMEOUT = 120
+TIMEOUT = HANG
 EMACS_CHUNK = 40
 
 

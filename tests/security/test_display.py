@@ -18,11 +18,11 @@ import nbformat
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from conftest import EXAMPLES, install_kernelspec, require_tool
+from conftest import EXAMPLES, HANG, install_kernelspec, require_tool
 from mlplcode import trust
 
 install_kernelspec()
-TIMEOUT = 120
+TIMEOUT = HANG
 
 # Written in two pieces, so that Emacs, opening this file, does not take what follows for a block of its own.
 LOCAL_VARIABLES = "Local Variables" + ":"

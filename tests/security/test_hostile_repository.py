@@ -17,7 +17,7 @@ import uuid
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from conftest import install_kernelspec, require_tool
+from conftest import HANG, install_kernelspec, require_tool
 from mlplcode import Agent, loop, trust
 from mlplcode.cli import main
 from mlplcode.tools import read as read_module, write as write_module
@@ -88,7 +88,7 @@ def test_the_sandbox_holds_for_an_ordinary_user(tmp_path):
                                   [os.path.join(root, ".env")], empty)
         if as_nobody:
             argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *argv]
-        done = subprocess.run(argv, capture_output=True, text=True, cwd=base, timeout=60,
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=base, timeout=HANG,
                               env={"PATH": os.defpath, "LANG": "C.UTF-8"})
         if "namespace" in done.stderr and done.returncode != 0:
             pytest.skip(f"this kernel lets no ordinary user make a namespace ({done.stderr.strip()}):"
@@ -206,13 +206,13 @@ def test_the_kernel_keeps_its_journal_outside_and_refuses_a_forged_one(project, 
     forge(journal, policy=LOOSE)
     manager, client = start_new_kernel(kernel_name="mlplcode", cwd=project)  # started in the project
     try:
-        reply = client.execute_interactive(f"%resume {journal}", timeout=60)["content"]
+        reply = client.execute_interactive(f"%resume {journal}", timeout=HANG)["content"]
         assert reply["status"] == "error" and "policy changed since" in reply["evalue"]
         script = tmp_path / "kernel.json"
         script.write_text(json.dumps(REPLIES))
         shown = []
         client.execute_interactive(f"%root {project}\n%model scripted:{script}\n%task t\n%show journal",
-                                   timeout=60, output_hook=shown.append)
+                                   timeout=HANG, output_hook=shown.append)
         texts = [m["content"]["data"]["text/plain"] for m in shown if "data" in m.get("content", {})]
         where = [line for text in texts for line in text.splitlines() if line.startswith("journal: ")]
         assert where and not where[0].removeprefix("journal: ").startswith(project)
@@ -231,7 +231,7 @@ def test_an_org_babel_block_refuses_a_forged_journal(project, tmp_path):
     def bridge(*arguments, block=""):
         return subprocess.run([sys.executable, "-m", "mlplcode.babel", "--session", "forged", *arguments],
                               input=block, capture_output=True, text=True, env=env, cwd=tmp_path,
-                              timeout=120)
+                              timeout=HANG)
     try:
         done = bridge("--kernel", "mlplcode", block=f"%resume {journal}\n")
         assert done.returncode == 1, done.stderr
