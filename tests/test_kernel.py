@@ -262,6 +262,19 @@ def test_a_failure_inside_a_step_is_an_error_reply_and_the_kernel_lives(kernel, 
     assert "help" in text(kernel.ok("%help help"))
 
 
+@pytest.mark.parametrize("word", ["exit", "quit", "quit()"])
+def test_exit_and_quit_leave_the_console_and_are_no_note(kernel, project, word):
+    kernel.ok(f"%root {project}\n%model echo\n%task Add mul")
+    reply, outputs = kernel.cell(word)
+    assert reply["status"] == "ok"
+    assert reply["payload"] == [{"source": "ask_exit", "keepkernel": False}]  # jupyter console leaves
+    assert "%resume takes it up again" in text(outputs)
+    step = kernel.cell("%step")
+    assert step[0]["payload"] == []
+    assert "NOTE FROM THE HUMAN" not in step[1][0]["content"]["data"]["text/plain"]  # the echo: its prompt
+    assert kinds(kernel.ok(f"%%note\n{word}")) == ["note"]  # a note that is only the word, on purpose
+
+
 def test_a_note_cell_reaches_the_next_prompt(kernel, project):
     kernel.ok(f"%root {project}\n%model echo\n%task Look around")
     assert kinds(kernel.ok("Keep add unchanged.")) == ["note"]

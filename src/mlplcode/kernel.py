@@ -122,7 +122,10 @@ class UsageError(Exception):
     """A cell the kernel cannot carry out as written; the message says how to write
     it."""
 
+ASK_EXIT = {"source": "ask_exit", "keepkernel": False}
+
 CELL_BODIES = ["%%task", "%%note"]
+LEAVING = ("exit", "quit", "exit()", "quit()")
 
 
 def parse_cell(code):
@@ -138,7 +141,7 @@ def parse_cell(code):
     if not text:
         return []
     if not text.startswith("%"):
-        return [("note", text)]
+        return [("leave" if text in LEAVING else "note", text)]
     lines = text.splitlines()
     commands = []
     for number, line in enumerate(lines, 1):
@@ -223,7 +226,7 @@ class MlplcodeKernel(Kernel):
         self, code, silent, store_history=True, user_expressions=None, allow_stdin=False
     ):
         """Carry out the cell's commands in order; every failure becomes an error reply."""
-        self.silent = silent
+        self.silent, self.leaving = silent, False
         previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             for name, argument in parse_cell(code):
@@ -249,7 +252,7 @@ class MlplcodeKernel(Kernel):
         return {
             "status": "ok",
             "execution_count": self.execution_count,
-            "payload": [],
+            "payload": [ASK_EXIT] if self.leaving else [],
             "user_expressions": {},
         }
 
@@ -408,6 +411,13 @@ class MlplcodeKernel(Kernel):
             raise UsageError("%%note needs its note on the lines below it")
         self.current().note(text)
         self.show(note_view(text), "note", len(self.agent.state.steps))
+
+    def command_leave(self, word):
+        self.leaving = True
+        self.say(
+            f"{word}: the run is kept in its journal, and %resume takes it up again; a"
+            " console closes now, a notebook from its own menu"
+        )
 
     def command_fork(self, argument):
         from .branch import untold_warning
