@@ -196,3 +196,15 @@ def test_a_run_without_steps_says_so_when_asked_for_a_branch(project, tmp_path):
     agent = Agent.start("t", project, "echo", journal=str(tmp_path / "j.jsonl"))
     with pytest.raises(ValueError, match="^the run has no steps yet; a branch starts at one of them$"):
         agent.fork(1)
+
+
+def test_fork_of_the_shipped_journal_names_its_project_with_root(capsys):
+    journal = os.path.join(EXAMPLES, "add.journal.jsonl")
+    assert main(["fork", journal, "--at", "3"]) == 2
+    assert "is gone; name the project to branch from (mlplcode fork --root DIR)" in capsys.readouterr().err
+    assert main(["fork", journal, "--at", "3", "--root", os.path.join(EXAMPLES, "add")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    branch, root = out[0].removeprefix("branch: "), out[1].removeprefix("root: ").split(" (a copy")[0]
+    assert open(os.path.join(root, "calc.py")).read() == open(os.path.join(EXAMPLES, "add", "calc.py")).read()
+    events = read_events(branch)
+    assert events[0]["type"] == "branch" and events[1]["root"] == root and len(Agent(branch).state.steps) == 2

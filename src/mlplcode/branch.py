@@ -110,26 +110,30 @@ def restore(root, texts):
         with open(target, "w", encoding="utf-8", newline="") as file:
             file.write(text)
 
-def fork(journal, at, new_journal=None):
+def fork(journal, at, new_journal=None, root=None):
     """Branch the run in JOURNAL before its step AT: (the new journal, its root, steps
-    that ran tests)."""
+    that ran tests). ROOT, when given, is the project to copy instead of the run's."""
     with open(journal, "rb") as file:
         digest = hashlib.sha256(file.read()).hexdigest()
     events = read_events(journal)
     kept, state = events_before(events, at), fold(events)
-    if not os.path.isdir(state.start["root"]):
-        raise ValueError(f"{journal}: the run's project {state.start['root']} is gone")
+    root = root or state.start["root"]
+    if not os.path.isdir(root):
+        raise ValueError(
+            f"{journal}: the run's project {root} is gone; name the project to branch"
+            " from (mlplcode fork --root DIR)"
+        )
     texts = {path: known_before(state, path, at) for path in changed_paths(state, at)}
     run = new_run_id()
     copy = os.path.join(
         os.path.dirname(runs_directory()),
         "branches",
         run,
-        os.path.basename(state.start["root"]),
+        os.path.basename(root),
     )
     new_journal = journal_path(new_journal, copy, run)
     untold = [step.number for step in state.steps[at - 1 :] if ran_tests(step)]
-    shutil.copytree(state.start["root"], copy, symlinks=True)
+    shutil.copytree(root, copy, symlinks=True)
     restore(copy, texts)
     os.makedirs(os.path.dirname(new_journal), exist_ok=True)
     after_start, start = kept[kept.index(state.start) + 1 :], {

@@ -212,7 +212,7 @@ def print_waiting(step):
 def command_fork(args):
     from .branch import fork, untold_warning
 
-    journal, root, untold = fork(args.journal, args.at, args.to)
+    journal, root, untold = fork(args.journal, args.at, args.to, args.root)
     print(f"branch: {journal}")
     print(f"root: {root} (a copy, with the files as they were before step {args.at})")
     if untold:
@@ -439,6 +439,11 @@ def build_parser():
         dest="to",
         metavar="NEW",
         help="the branch's journal (default: a new file in the state directory)",
+    )
+    fork_parser.add_argument(
+        "--root",
+        metavar="DIR",
+        help="the project to branch from (default: the run's own, where it was)",
     )
     fork_parser.set_defaults(handler=command_fork)
     demo_parser = commands.add_parser(
