@@ -11,7 +11,7 @@ from conftest import PATCH_MUL, WRITE_TEST
 from mlplcode import Agent
 from mlplcode.branch import fork, tree_view, untold_warning
 from mlplcode.cli import EXAMPLES, after_start, main, replay
-from mlplcode.journal import read_events
+from mlplcode.journal import fold, read_events
 from mlplcode.policy import DEFAULT_POLICY
 from mlplcode.show import as_text
 
@@ -207,4 +207,4 @@ def test_fork_of_the_shipped_journal_names_its_project_with_root(capsys):
     branch, root = out[0].removeprefix("branch: "), out[1].removeprefix("root: ").split(" (a copy")[0]
     assert open(os.path.join(root, "calc.py")).read() == open(os.path.join(EXAMPLES, "add", "calc.py")).read()
     events = read_events(branch)
-    assert events[0]["type"] == "branch" and events[1]["root"] == root and len(Agent(branch).state.steps) == 2
+    assert events[0]["type"] == "branch" and events[1]["root"] == root and len(fold(events).steps) == 2
