@@ -89,6 +89,7 @@ def test_papermill_runs_the_batch_notebook_with_another_task_and_model(tmp_path)
                              "-p", "model", f"scripted:{script}", "-p", "budget", "6"],
                             capture_output=True, text=True, env=env, timeout=HANG)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "unknown parameter" not in result.stderr, result.stderr[-3000:]
     notebook = nbformat.read(str(out), as_version=4)
     injected = notebook.cells[2]
     assert injected.metadata.tags == ["injected-parameters"]
@@ -96,6 +97,14 @@ def test_papermill_runs_the_batch_notebook_with_another_task_and_model(tmp_path)
     state = plain(outputs_of(notebook)[-1:])
     assert "task: Add sub(a, b) to calc.py" in state and f"model: scripted:{script}" in state
     assert "steps: 4 of 6" in state and "stop: done: added sub" in state
+
+
+def test_papermill_knows_the_parameters_of_a_notebook_and_their_defaults():
+    from papermill.inspection import inspect_notebook
+    found = inspect_notebook(os.path.join(NOTEBOOKS, "batch.ipynb"))
+    assert sorted(found) == ["budget", "model", "policy", "root", "task"]
+    assert found["root"]["default"] == "--copy ../examples/add" and found["budget"]["default"] == "None"
+    assert found["task"]["default"].startswith("Add a function mul(a, b)")
 
 
 def test_papermill_refuses_a_parameter_that_is_no_setting(tmp_path):

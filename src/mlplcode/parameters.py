@@ -3,6 +3,7 @@ command."""
 
 from papermill.engines import NBClientEngine
 from papermill.exceptions import PapermillException
+from papermill.models import Parameter
 from papermill.translators import Translator, papermill_translators
 
 PARAMETERS = {
@@ -22,6 +23,23 @@ class MlplcodeTranslator(Translator):
         return "".join(
             setting_command(name, value) + "\n" for name, value in parameters.items()
         )
+
+    @classmethod
+    def inspect(cls, parameters_cell):
+        """Every setting, with the value the cell tagged parameters gives it, if any."""
+        given = {}
+        for line in parameters_cell["source"].splitlines():
+            word, _, value = line.partition(" ")
+            given[word] = value.strip().removeprefix("--next").strip()
+        return [
+            Parameter(
+                name,
+                "int" if name == "budget" else "str",
+                given.get(command.split()[0], "None"),
+                f"{command.split()[0]}, the kernel's setting",
+            )
+            for name, command in PARAMETERS.items()
+        ]
 
 
 def setting_command(name, value):
