@@ -59,25 +59,39 @@ def run_as_written(line):
 
 def test_the_jupyter_paragraph(home, tmp_path):
     (commands,) = blocks(paragraph("Step the agent in Jupyter"), "sh")
-    install, front_end, start = commands.splitlines()
-    assert (front_end, start) == (".venv/bin/pip install jupyterlab", ".venv/bin/jupyter lab notebooks/walkthrough.ipynb")
+    install, front_end, copy, start = commands.splitlines()
+    assert front_end == ".venv/bin/pip install jupyterlab"
+    assert start == ".venv/bin/jupyter lab notebooks/my-walkthrough.ipynb"
     assert "installed the mlplcode kernel in " + str(home) in run_as_written(install)
     listed = json.loads(run_as_written(".venv/bin/jupyter kernelspec list --json"))["kernelspecs"]
     assert listed["mlplcode"]["resource_dir"].startswith(str(home))
-    # The walkthrough, run as the notebook front end runs it, with the kernel found where it was installed.
-    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
-    shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    notebook = nbformat.read(str(tmp_path / "notebooks" / "walkthrough.ipynb"), as_version=4)
+    # In a checkout of its own, committed: the copy the README makes, run as the notebook front
+    # end runs it and saved as it autosaves, leaves git with nothing to show.
+    checkout = tmp_path / "checkout"
+    for name in ("notebooks", "examples"):
+        shutil.copytree(ROOT / name, checkout / name)
+    shutil.copy(ROOT / ".gitignore", checkout / ".gitignore")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(checkout)]
+    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "checkout"]):
+        subprocess.run(git + argv, check=True, capture_output=True)
+    subprocess.run(["bash", "-c", copy], cwd=checkout, check=True, timeout=TIMEOUT)
+    mine = checkout / "notebooks" / "my-walkthrough.ipynb"
+    notebook = nbformat.read(str(mine), as_version=4)
     env = {**os.environ, "TMPDIR": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")}
-    NotebookClient(notebook, timeout=HANG, resources={"metadata": {"path": str(tmp_path / "notebooks")}}).execute(env=env)
+    NotebookClient(notebook, timeout=HANG, resources={"metadata": {"path": str(mine.parent)}}).execute(env=env)
     assert not [o for cell in notebook.cells for o in cell.get("outputs", []) if o.output_type == "error"]
-    assert "stop: done" in (tmp_path / "notebooks" / "walkthrough-transcript.md").read_text().replace("**", "")
+    assert "stop: done" in (mine.parent / "walkthrough-transcript.md").read_text().replace("**", "")
+    nbformat.write(notebook, str(mine))
+    (mine.parent / ".ipynb_checkpoints").mkdir()
+    (mine.parent / ".ipynb_checkpoints" / "my-walkthrough-checkpoint.ipynb").write_text("{}")
+    status = subprocess.run(git + ["status", "--porcelain"], capture_output=True, text=True, check=True)
+    assert status.stdout == ""
 
 
 def test_the_emacs_paragraph(home, tmp_path):
     require_tool("emacs", "the README's Emacs paragraph")
     text = paragraph("Step it in Emacs")
-    (commands,) = blocks(text, "sh")
+    commands = blocks(text, "sh")[0]
     for line in commands.splitlines():
         run_as_written(line)
     init = home / ".emacs.d" / "init.el"
@@ -87,13 +101,12 @@ def test_the_emacs_paragraph(home, tmp_path):
     shutil.copytree(ROOT / "examples", checkout / "examples")
     (org,) = blocks(text, "org")
     (checkout / "tour.org").write_text(org + "\n")
-    program = """(progn (find-file "tour.org") (org-babel-execute-buffer) (save-buffer)
-      (ob-mlplcode-stop-session "agent"))"""
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "TMPDIR": str(tmp_path)}
-    # Batch Emacs reads no init file of its own accord: load it as Emacs would. The one question Org
-    # asks, about the block that sets the run up, is answered yes; a second would find no answer.
-    emacs = subprocess.run(["emacs", "--batch", "-l", str(init), "--eval", program], input="yes\n",
-                           capture_output=True, text=True, cwd=checkout, env=env, timeout=TIMEOUT)
+    # The README's command for batch Emacs, which loads the init file and asks nothing; no input,
+    # so a question would end it.
+    (batch,) = blocks(paragraph("Step it in Emacs").split("batch Emacs runs the whole file")[1], "sh")
+    emacs = subprocess.run(["bash", "-c", batch], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           cwd=checkout, env=env, timeout=TIMEOUT)
     assert emacs.returncode == 0, emacs.stderr[-3000:]
     results = (checkout / "tour.org").read_text().split("#+RESULTS:")[1:]
     assert len(results) == 2 and "task: Add a function mul(a, b)" in results[0]
