@@ -213,8 +213,11 @@ def test_an_external_suite_in_another_layout_runs_unchanged(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(eval_args(out, "scripted:{task}/replies/fix.json", "scripted:{task}/replies/lazy.json",
                           suite=str(suite))) == 0
-    printed = capsys.readouterr().out
+    printed, progress = capsys.readouterr()
     assert "| 1: scripted:{task}/replies/fix.json | 100% (2/2) | 0 | 0 | done 2 |" in printed
+    # Not a terminal: a plain line for each trial, no progress bar's carriage returns.
+    assert "\r" not in progress and progress.count("\neval: ") + progress.startswith("eval: ") == 4
+    assert "eval: 4 of 4 trials: " in progress
     with open(out / "report.json", encoding="utf-8") as file:
         report = json.load(file)
     assert report["tasks"] == ["double", "word-count"]

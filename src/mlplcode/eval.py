@@ -784,13 +784,24 @@ def evaluate(suite, specs, reps, out, workers=1, dask=None, model_options=None):
     ]
     records = []
     with tqdm(
-        total=len(inputs), desc="eval", unit="trial", file=sys.stderr
+        total=len(inputs),
+        desc="eval",
+        unit="trial",
+        file=sys.stderr,
+        disable=not sys.stderr.isatty(),
     ) as progress:
         for result in (
             dask_results(inputs, dask) if dask else local_results(inputs, workers)
         ):
             records.append(score(result, keep(result, out)))
             progress.update()
+            if progress.disable:
+                print(
+                    f"eval: {len(records)} of {len(inputs)} trials: {result['task']},"
+                    f" model {result['model']}, rep {result['rep']}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     order = {task.name: index for index, task in enumerate(tasks)}
     records.sort(
         key=lambda record: (record["model"], order[record["task"]], record["rep"])
