@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from mlplcode import Agent
 from mlplcode.journal import read_events
 
 from conftest import ADD_MUL_WITH_A_DENIAL, HANG
@@ -136,6 +137,37 @@ def test_the_example_task_with_one_write_rejected_for_a_reason(project, tmp_path
     assert messages[0] == "```\nREAD calc.py\n```\n"  # the model's reply, shown as it is
     assert messages[-1].startswith("stop: `done`")
     assert client.kinds("user_message_chunk") == []  # the client shows the person's own words
+
+
+class FailingClient(Client):
+    """A client that fails its first permission request as a client without it does."""
+
+    async def request_permission(self, options, session_id, tool_call, **kwargs):
+        if not self.asked:
+            self.asked.append(None)
+            raise acp.RequestError.method_not_found("session/request_permission")
+        return await super().request_permission(options, session_id, tool_call, **kwargs)
+
+
+def test_a_client_that_fails_an_ask_is_named_and_the_next_prompt_asks_again(project, tmp_path):
+    client = FailingClient(["allow", "reject"])
+
+    async def main():
+        async with agent(client, script(tmp_path, ADD_MUL_WITH_A_DENIAL)) as (conn, _):
+            session = (await conn.new_session(cwd=project)).session_id
+            with pytest.raises(acp.RequestError) as failed:
+                await prompt(conn, session, TASK)
+            journal = os.path.join(runs(), f"{session}.jsonl")
+            waiting = Agent(journal).waiting().number
+            second = await prompt(conn, session, "go on")
+            return failed.value, waiting, second.stop_reason, journal
+
+    error, waiting, reason, journal = asyncio.run(main())
+    assert error.code == -32603 and "the client failed session/request_permission (-32601" in str(error)
+    assert f"step {waiting} still waits for a decision" in str(error) and waiting == 3
+    assert reason == "refusal"  # the second prompt asked again: step 3 allowed, step 4 rejected
+    decisions = [(e["step"], e["approved"]) for e in read_events(journal) if e["type"] == "decision"]
+    assert decisions == [(3, True), (4, False)]
 
 
 def test_a_bare_reject_ends_the_run_as_a_refusal(project, tmp_path):

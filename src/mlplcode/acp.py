@@ -608,6 +608,15 @@ class FrontEnd:
             if not session.cancelled:
                 raise
             return "cancelled"
+        except RequestError as error:
+            raise RequestError(
+                -32603,
+                visible(
+                    f"the client failed session/request_permission ({error.code} {error});"
+                    f" step {step.number} still waits for a decision: the next prompt, or"
+                    " mlplcode resume, asks again"
+                ),
+            ) from None
         finally:
             session.asking = None
         outcome = response.outcome
