@@ -375,3 +375,12 @@ def test_resume_puts_the_ask_a_run_waits_at_to_the_person(project, script, tmp_p
     assert (status, out[-1]) == (0 if stop == "done" else 1, f"stop: {stop}")
     decisions = [e for e in read_events(journal) if e["type"] == "decision"]
     assert decisions[0] == {"type": "decision", "step": 3, "approved": stop == "done"}
+
+
+def test_may_change_names_the_test_files_a_run_may_change_in_its_start_event(project, script, tmp_path):
+    journal = str(tmp_path / "run.jsonl")
+    assert main(["run", "Add mul", "--root", project, "--model", f"scripted:{script}", "--yes",
+                 "--journal", journal, "--may-change", "test_calc.py", "--may-change", "tests/../test_calc.py"]) == 0
+    assert read_events(journal)[0]["may_change"] == ["test_calc.py"]
+    assert main(["run", "Add mul", "--root", project, "--model", f"scripted:{script}", "--yes",
+                 "--journal", str(tmp_path / "other.jsonl"), "--may-change", "../elsewhere.py"]) == 2

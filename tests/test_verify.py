@@ -383,3 +383,42 @@ def test_a_run_that_only_adds_an_empty_test_asks_a_person(project, tmp_path):
                            " none of the code they test")
     agent.deny()
     assert agent.state.stop is None and agent.state.steps[-1].observation["ok"] is False
+
+
+# --- test files a person allowed the run to change, before it began ------------
+
+RENAMED_TEST = ("WRITE test_calc.py\nfrom calc import add, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+                "def test_sub():\n    assert sub(3, 2) == 1\n\n\ndef test_add_zero():\n    assert add(0, 0) == 0\nEND")
+
+
+def test_a_test_file_the_person_allowed_to_change_needs_no_ask_with_the_code(wrong, tmp_path):
+    agent = run(wrong, ["READ calc.py", FIXED, "READ test_calc.py", RENAMED_TEST, RUN, "DONE add is fixed"],
+                tmp_path, may_change=["./test_calc.py"])
+    assert agent.state.start["may_change"] == ["test_calc.py"]  # recorded in its normal form
+    step = done_step(agent)
+    assert step.verdict == "allow" and agent.state.stop["reason"] == "done"  # no person was asked
+    assert "a person allowed this run to change test_calc.py" in step.observation["text"]
+
+
+def test_an_allowed_test_file_is_no_excuse_for_a_run_that_changed_no_code(wrong, tmp_path):
+    cheat = "WRITE test_calc.py\ndef test_add():\n    assert True\nEND"
+    agent = run(wrong, ["READ test_calc.py", cheat, RUN, "DONE add is fixed"], tmp_path, may_change=["test_calc.py"])
+    assert_not_verified(agent, "this run changed test_calc.py")
+
+
+def test_other_test_files_are_still_the_tests_as_they_were(wrong, tmp_path):
+    (tmp_path / "wrong" / "test_more.py").write_text("from calc import add\n\n\ndef test_more():\n    assert add(1, 1) == 2\n")
+    weakened = "WRITE test_more.py\ndef test_more():\n    assert True\nEND"
+    agent = run(wrong, ["READ calc.py", TOUCH_CODE, "READ test_more.py", weakened, "READ test_calc.py",
+                        "WRITE test_calc.py\ndef test_add():\n    pass\nEND", RUN, "DONE done"],
+                tmp_path, may_change=["test_calc.py"])
+    step = done_step(agent)
+    assert step.verdict == "ask" and "changed test_more.py" in step.observation["text"]
+    assert "test_calc.py" not in step.observation["text"].split("\n", 1)[0]  # allowed: neither put back nor named
+
+
+@pytest.mark.parametrize("path", ["../outside.py", "/etc/passwd", "a/../../b.py"])
+def test_a_path_outside_the_root_cannot_be_allowed(wrong, tmp_path, path):
+    with pytest.raises(ValueError, match="may_change is a list of paths inside the root"):
+        Agent.start(TASK, wrong, "echo", journal=str(tmp_path / "run.jsonl"), may_change=[path])
+    assert not os.path.exists(tmp_path / "run.jsonl")

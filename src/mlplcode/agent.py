@@ -129,6 +129,7 @@ class Agent:
         on_event=None,
         on_retry=None,
         run=None,
+        may_change=(),
     ):
         """Start a new run and return its Agent; refuses, before anything is written, a root
         that is not a directory, a journal that exists or lies in the root, a model spec
@@ -152,6 +153,8 @@ class Agent:
             "run": run,
             "tests": snapshot_tests(root),
         }
+        if may_change:
+            start["may_change"] = sorted({os.path.normpath(path) for path in may_change})
         if start_problem(start):
             raise ValueError(f"cannot start this run: {start_problem(start)}")
         os.makedirs(os.path.dirname(journal), exist_ok=True)

@@ -116,6 +116,7 @@ def command_run(args):
         model_options=options,
         on_event=print_event,
         on_retry=print_retry,
+        may_change=args.may_change,
     )
     return drive(agent, decider(args))
 
@@ -359,6 +360,14 @@ def build_parser():
     )
     run_parser.add_argument(
         "--policy", metavar="FILE", help="a JSON policy, e.g. {\"write\": \"allow\"}"
+    )
+    run_parser.add_argument(
+        "--may-change",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a test file the task may change, so that no person must accept its DONE"
+        " (repeatable)",
     )
     run_parser.add_argument(
         "--api-key-env",

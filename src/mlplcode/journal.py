@@ -105,6 +105,11 @@ def start_problem(start):
             or isinstance(value, str) and value.isprintable()
         ):
             return f"a start event's model option {name} is a number or one line"
+    may_change = start.get("may_change", [])
+    if not isinstance(may_change, list) or not all(
+        isinstance(path, str) and not outside_root(path) for path in may_change
+    ):
+        return "a start event's may_change is a list of paths inside the root"
     return tests_problem(start["tests"])
 
 def untold_steps(untold):
@@ -113,15 +118,21 @@ def untold_steps(untold):
 TEST_ENTRY_FIELDS = {"sha256", "text", "link", "other"}
 
 
+def outside_root(path):
+    """Whether PATH, as a journal gives it, is not a normal relative path inside the
+    root."""
+    return (
+        os.path.isabs(path)
+        or os.path.normpath(path) != path
+        or path.split("/")[0] == ".."
+        or "\0" in path
+    )
+
+
 def tests_problem(tests):
     """What is wrong with a start event's record of the tests, or ""."""
     for path, entry in tests.items():
-        if (
-            os.path.isabs(path)
-            or os.path.normpath(path) != path
-            or path.split("/")[0] == ".."
-            or "\0" in path
-        ):
+        if outside_root(path):
             return f"tests: {path!r} is not a path inside the root"
         if (
             not isinstance(entry, dict)

@@ -191,12 +191,18 @@ def snapshot_tests(root):
         snapshot[path] = entry
     return snapshot
 
+def allowed_changes(state):
+    """The test files a person allowed the run to change, once it has changed code
+    too."""
+    return set(state.start.get("may_change", ())) if edited_code(state) else set()
+
+
 def changed_files(state, root):
     """[(path, entry at the start, entry now, bytes now)] for each file deciding the
-    tests that differs."""
-    start = state.start["tests"]
+    tests that differs, but those the person allowed the run to change."""
+    start, allowed = state.start["tests"], allowed_changes(state)
     changed = []
-    for path in sorted(set(start) | set(test_files(root))):
+    for path in sorted((set(start) | set(test_files(root))) - allowed):
         now, data = file_state(root, path)
         before = start.get(path)
         kept = before and {
@@ -260,6 +266,7 @@ def touches(state, changed):
             if succeeded(step, ("write", "patch"))
         }
         - paths
+        - allowed_changes(state)
     )
     words += [f"wrote {path}" for path in written if decides_tests(path)]
     runs = [
@@ -486,7 +493,7 @@ def verify_tests(state, project):
     changed = changed_files(state, project.root)
     changes = test_changes(state, project, changed)
     if not changes["touched"]:
-        return True, "", changes
+        return True, allowed_note(state), changes
     done = ", ".join(changes["touched"])
     only_tests = (
         f"this run changed only what decides the tests ({done}), none of the code they"
@@ -523,7 +530,15 @@ def verify_tests(state, project):
         True,
         (
             f"; this run {done}, and the tests as they were before it pass"
-            f" ({summary(result['text'])})"
+            f" ({summary(result['text'])}){allowed_note(state)}"
         ),
         changes,
     )
+
+def allowed_note(state):
+    """The words of an accepted DONE for the test files a person allowed the run to
+    change, or ""."""
+    allowed = allowed_changes(state)
+    if not allowed:
+        return ""
+    return f"; a person allowed this run to change {', '.join(sorted(allowed))}"
