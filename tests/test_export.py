@@ -26,6 +26,7 @@ import pytest
 
 from conftest import HANG, require_tool
 from mlplcode.cli import main
+from mlplcode import export
 from mlplcode.export import BOOK, block_label, export_book, load_tangler
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
@@ -538,7 +539,7 @@ def test_the_pdf_says_where_each_part_is_used_with_pages(exported, small_export)
     assert len(re.findall(r"Used in \S+, p\. \d+\.", text)) > 50
     # the index: each name with its pages and where it is used; each file with its pages
     assert re.search(r"⟨agent-start⟩: p\. \d+; used in src/mlplcode/agent\.py, p\. \d+\.", text)
-    assert re.search(r"src/mlplcode/loop\.py: \d+ blocks, pp?\. \d+", text)
+    assert re.search(r"src/mlplcode/loop\.py: \d+ blocks?, pp?\. \d+", text)
 
 
 def test_the_book_says_how_to_read_it_in_each_form():
@@ -546,3 +547,202 @@ def test_the_book_says_how_to_read_it_in_each_form():
     section = text[text.index("** How to read it"):text.index("** The plan of the book")]
     for form in ["Emacs", "web page", "PDF", "Markdown", "GitHub", "plain text", "Jupyter", "mlplcode export"]:
         assert form in section, form
+
+
+FILLER = "\n\n".join(["A paragraph that is only there to make the page long."] * 60)
+
+LINKED_BOOK = f"""\
+#+TITLE: Linked
+
+* Greeting
+:PROPERTIES:
+:header-args:python: :tangle greet.py
+:END:
+
+The farewell is in [[*Farewell][chapter "Farewell"]], the word in [[*The =hello=
+word][the section on the word]], [[*Farewell]] has no description, and the
+last is [[*The deepest][the deepest]]. Not links: =[[*Nowhere]]=, ~[[*Nowhere][x]]~.
+
+** The =hello= word
+
+#+begin_src python
+print("hello")  # [[*Nowhere]]
+#+end_src
+
+#+begin_example
+[[*Nowhere][an example]]
+#+end_example
+
+*** Deeper
+
+**** The deepest
+
+Below the levels of headings.
+
+{FILLER}
+
+* Farewell
+
+Back to [[*Greeting][chapter
+"Greeting"]].
+
+{FILLER}
+"""
+
+
+@pytest.fixture(scope="module")
+def linked_export(tmp_path_factory):
+    """A small book whose prose links to its headings, exported."""
+    directory = tmp_path_factory.mktemp("linked")
+    (directory / "book.org").write_text(LINKED_BOOK)
+    with contextlib.redirect_stdout(io.StringIO()):
+        export_book(str(directory / "book.org"), str(directory / "out"))
+    return directory / "out"
+
+
+def line_of(text, words):
+    """The number of the line of TEXT on which WORDS first appear."""
+    return text[:text.index(words)].count("\n") + 1
+
+
+def test_a_link_to_a_heading_leads_to_it_in_the_web_page(linked_export):
+    page = (linked_export / "mlplcode.html").read_text()
+    body = " ".join(page[page.index('id="greeting"'):].split())
+    deepest = f"heading:{line_of(LINKED_BOOK, '**** The deepest')}"
+    assert ('The farewell is in <a href="#farewell">chapter "Farewell"</a>, the word in '
+            '<a href="#the-hello-word">the section on the word</a>, '
+            '<a href="#farewell">Farewell</a> has no description, and the last is '
+            f'<a href="#{deepest}">the deepest</a>.') in body
+    assert '<a href="#greeting">chapter "Greeting"</a>' in body
+    assert f'The deepest <span id="{deepest}"></span>' in body, "an item of a list"
+    assert body.count("[[*Nowhere]") == 4, "verbatim, code, a comment, an example: text"
+    assert "spurious-link" not in page and "<em>" not in page
+
+
+def test_a_link_to_a_heading_leads_to_its_github_anchor_in_markdown(linked_export):
+    markdown = (linked_export / "mlplcode.md").read_text()
+    anchors, prose = github_anchors(markdown)
+    text = " ".join("\n".join(prose).split())
+    assert ('The farewell is in [chapter "Farewell"](#farewell), the word in [the section '
+            'on the word](#the-hello-word), [Farewell](#farewell) has no description, '
+            'and the last is [the deepest](#deeper).') in text
+    assert 'Back to [chapter "Greeting"](#greeting).' in text
+    links = re.findall(r"\]\(#([^)]+)\)", "\n".join(prose))
+    assert [link for link in links if link not in anchors] == []
+    assert "<span" not in markdown
+
+
+def test_a_link_to_a_heading_is_its_description_in_plain_text(linked_export):
+    text = " ".join((linked_export / "mlplcode.txt").read_text().split())
+    assert ('The farewell is in chapter "Farewell", the word in the section on the word, '
+            'Farewell has no description, and the last is the deepest.') in text
+    assert 'Back to chapter "Greeting".' in text
+    assert "[[*heading" not in text and "_chapter" not in text
+
+
+def test_a_link_to_a_heading_is_a_link_with_its_page_in_the_pdf(linked_export):
+    labelled = export.labelled_text(str(linked_export.parent / "book.org"))
+    typst = " ".join(export.pandoc(labelled, "typst", []).decode().split())
+    assert '#link(<farewell>)[chapter \\"Farewell\\"]~(#page-ref("farewell");)' in typst
+    pages = pdf_text(linked_export / "mlplcode.pdf").split("\f")
+    farewell = next(page.split()[-1] for page in pages if "CHAPTER 2" in page)
+    deepest = next(page.split()[-1] for page in pages if "The deepest" in page
+                   and "Below the levels" in page)
+    text = " ".join(" ".join(pages).split())
+    assert farewell != "1"
+    assert (f'The farewell is in chapter "Farewell" (p. {farewell}), the word in the '
+            f'section on the word (p. 1), Farewell (p. {farewell}) has no description, and '
+            f'the last is the deepest (p. {deepest}).') in text
+    assert 'Back to chapter "Greeting" (p. 1).' in text
+
+
+@pytest.mark.parametrize("change, on, message", [
+    (("[[*Farewell][chapter", "[[*Farewells][chapter"), "The farewell",
+     "[[*Farewells]] names no heading"),
+    (("* Farewell\n", "* Farewell\n\n* Farewell\n"), "The farewell",
+     "[[*Farewell]] names 2 headings, on lines "),
+    (("* Farewell\n", "* COMMENT Farewell\n"), "The farewell",
+     "[[*Farewell]] names a COMMENT or archived heading, which is not exported"),
+    (("**** The deepest", "**** The deepest :ARCHIVE:"), "last is",
+     "[[*The deepest]] names a COMMENT or archived heading, which is not exported"),
+])
+def test_a_link_to_no_heading_or_to_two_is_refused_before_anything_is_written(
+        tmp_path, change, on, message):
+    book = LINKED_BOOK.replace(*change)
+    (tmp_path / "book.org").write_text(book)
+    where = f"{tmp_path / 'book.org'}:{line_of(book, on)}"
+    with pytest.raises(ValueError) as refused:
+        export_book(str(tmp_path / "book.org"), str(tmp_path / "out"))
+    assert str(refused.value).startswith(f"the book has a broken link: {where}: {message}")
+    assert "\n" not in str(refused.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_command_refuses_a_broken_link_in_one_line(tmp_path, monkeypatch, capsys):
+    book = LINKED_BOOK.replace("[[*Greeting][chapter", "[[*Greetings][chapter")
+    (tmp_path / "mlplcode.org").write_text(book)
+    monkeypatch.setattr(export, "BOOK", str(tmp_path / "mlplcode.org"))
+    assert main(["export", "--to", str(tmp_path / "out")]) == 2
+    where = f"{tmp_path / 'mlplcode.org'}:{line_of(book, 'Back to')}"
+    assert capsys.readouterr().err == (
+        f"mlplcode export: the book has a broken link: {where}: "
+        "[[*Greetings]] names no heading\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_link_to_a_heading_that_the_check_did_not_see_stops_the_filter(tmp_path):
+    (tmp_path / "book.org").write_text(LINKED_BOOK.replace("*** Deeper", "*** Deeper, as [[*Greeting]] says"))
+    labelled = export.labelled_text(str(tmp_path / "book.org"))
+    with pytest.raises(RuntimeError, match=r"did not check: \[\[\*Greeting\]\]"):
+        export.html(labelled)
+
+
+def test_every_link_of_the_book_to_a_heading_names_exactly_one(book):
+    """The book's references to chapters and sections, as Org links, each lead somewhere."""
+    tangler = load_tangler()
+    links = export.heading_links(tangler, book)  # refuses the first broken one
+    titles = Counter(tangler.link_heading(h.title) for h in book.doc.headings if h.title)
+    named = [h for h in book.doc.headings if h.line in {link["heading"] for link in links}]
+    assert [h.title for h in named if titles[tangler.link_heading(h.title)] != 1] == []
+
+
+LAND = """(async () => {
+  const wait = ms => new Promise(done => setTimeout(done, ms));
+  const link = document.querySelector('p a[href="#farewell"]');
+  const before = scrollY;
+  link.click();
+  await wait(100);
+  const heading = document.getElementById("farewell");
+  let mark = null;
+  for (let tries = 0; tries < 50; tries++) {
+    mark = document.querySelector("nav#TOC a.current");
+    if (mark && mark.getAttribute("href") === "#farewell") break;
+    await wait(100);
+  }
+  return {
+    before, after: scrollY, hash: location.hash, tag: heading.tagName,
+    title: heading.textContent, top: heading.getBoundingClientRect().top,
+    style: getComputedStyle(link).fontStyle, marked: mark && mark.getAttribute("href"),
+  };
+})()"""
+
+
+def test_a_click_on_a_chapter_reference_lands_on_the_chapter(linked_export):
+    """In Chromium, click the link to chapter "Farewell" at the top of the page: its
+    heading comes to the top of the window, and the contents mark it."""
+    require_tool("chromium", "following a link to a chapter in the web page")
+    url = (linked_export / "mlplcode.html").as_uri()
+    with tempfile.TemporaryDirectory(prefix="mlplcode-chromium-",
+                                     ignore_cleanup_errors=True) as profile:
+        browser = Chromium(url, 1280, 900, profile)
+        try:
+            browser.wait_for(url)
+            seen = browser.evaluate(LAND)
+        finally:
+            browser.close()
+    assert seen["before"] == 0 and seen["after"] > 900
+    assert seen["hash"] == "#farewell"
+    assert (seen["tag"], seen["title"].split()) == ("H1", ["2", "Farewell"])
+    assert abs(seen["top"]) < 1, "the chapter's heading is at the top of the window"
+    assert seen["style"] == "normal", "the description as written, not in italics"
+    assert seen["marked"] == "#farewell"

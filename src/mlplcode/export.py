@@ -165,18 +165,150 @@ def cross_references(tangler, book):
     }
 
 def labelled_text(path):
-    """The book at PATH for pandoc: each block's :anchor, and its cross-references at
-    the end.
+    """The book at PATH for pandoc: each block's :anchor, each link to a heading
+    checked, and its cross-references at the end.
 
-    Refuses a book that does not tangle.
+    Refuses a book that does not tangle, or that has a broken link.
     """
     tangler, book = read_book(path)
     links = cross_references(tangler, book)
     lines = list(book.doc.lines)
     for block, anchor in zip(book.doc.blocks, links["blocks"]):
         lines[block.line - 1] += f' :anchor "{anchor}"'
+    lines = with_heading_links(tangler, book, lines)
     data = json.dumps(links, ensure_ascii=True)
     return "\n".join(lines + ["", "#+begin_export mlplcode", data, "#+end_export", ""])
+
+def headings_by_title(tangler, book):
+    """The book's headings by the title a link names them with: a list for each."""
+    titled = {}
+    for heading in book.doc.headings:
+        if heading.title:
+            titled.setdefault(tangler.link_heading(heading.title), []).append(heading)
+    return titled
+
+def only_heading(where, title, headings):
+    """The one heading of HEADINGS that the link at WHERE names by TITLE; refuses none,
+    several, or one the export leaves out."""
+    broken = f"the book has a broken link: {where}: [[*{title}]] names"
+    if not headings:
+        raise ValueError(f"{broken} no heading")
+    if len(headings) > 1:
+        lines = ", ".join(str(heading.line) for heading in headings)
+        raise ValueError(f"{broken} {len(headings)} headings, on lines {lines}")
+    if headings[0].commented or headings[0].archived:
+        raise ValueError(
+            f"{broken} a COMMENT or archived heading, which is not exported"
+        )
+    return headings[0]
+
+NOT_PROSE = re.compile(r"[ \t]*(?:#(?:\+|[ \t]|$)|:)|\*+ ")
+VERBATIM_ELEMENT = re.compile(
+    r"[ \t]*(?:#\+begin_(?:src|example|export|comment)(?![^ \t])|:[-\w]+:[ \t]*$)", re.I
+)
+
+
+def prose(tangler, lines):
+    """Each paragraph of LINES in which Org reads links: its first line's index, its
+    text."""
+    start = i = 0
+    while i <= len(lines):
+        line = lines[i] if i < len(lines) else ""
+        if line.strip() and not NOT_PROSE.match(line):
+            i += 1
+            continue
+        if start < i:
+            yield start, "\n".join(lines[start:i])
+        if VERBATIM_ELEMENT.match(line):
+            i = tangler.container_end(lines, i) or i
+        i += 1
+        start = i
+
+VERBATIM = (
+    r"(?<![^\s\-({'\"])(?P<marker>[=~])\S(?:[^\n]*?(?:\n[^\n]*?)?\S)?(?P=marker)"
+    r"(?![^\s\-.,:!?;'\")}\[])"
+)
+HEADING_LINK = r"\[\[\*(?P<target>[^][]+)\](?:\[(?P<description>.+?)\])?\]"
+TEXT_OBJECTS = re.compile(f"{VERBATIM}|{HEADING_LINK}", re.S)
+
+
+def one_line(text):
+    """TEXT with each line break, and the blanks around it, one blank, as Org reads a
+    link."""
+    return re.sub(r"[ \t]*\n[ \t]*", " ", text)
+
+def position(first, text, offset):
+    """The line index and the column of OFFSET in TEXT, a paragraph from line index
+    FIRST."""
+    before = text[:offset]
+    return first + before.count("\n"), offset - (before.rfind("\n") + 1)
+
+def heading_links(tangler, book):
+    """Each link of the prose to a heading: where it is, the heading's line, its text.
+
+    Refuses a link to a heading that the book does not have exactly once, or that the
+    export leaves out.
+    """
+    titled, links = headings_by_title(tangler, book), []
+    for first, text in prose(tangler, book.doc.lines):
+        for match in TEXT_OBJECTS.finditer(text):
+            if match.group("target") is None:
+                continue
+            start, end = (position(first, text, k) for k in match.span())
+            title = tangler.link_heading(one_line(match.group("target")))
+            where = f"{book.doc.path}:{start[0] + 1}"
+            heading = only_heading(where, title, titled.get(title, []))
+            description = one_line(match.group("description") or title)
+            links.append({"start": start, "end": end, "heading": heading.line,
+                          "description": description})
+    return links
+
+HEADING_MARK = "MLPLCODE-HEADING"
+
+
+def headline_levels(lines):
+    """How deep the export's headings go: H: of the book's #+OPTIONS, else Org's 3."""
+    levels = 3
+    for line in lines:
+        if line.startswith("*"):
+            break
+        if options := re.match(r"[ \t]*#\+options:(.*)", line, re.I):
+            for found in re.finditer(r"(?<!\S)H:(\d+)", options.group(1)):
+                levels = int(found.group(1))
+    return levels
+
+
+def mark_heading(tangler, lines, heading, levels):
+    """Put the property MLPLCODE-HEADING, the heading's line, in its drawer; or, below
+    LEVELS, a target with it in its title."""
+    number = heading.line
+    if heading.level > levels:
+        line = lines[number - 1]
+        tags = heading.tags and re.search(r"[ \t]+:[^ \t]+:[ \t]*$", line)
+        end = tags.start() if tags else len(line.rstrip(" \t"))
+        lines[number - 1] = f"{line[:end]} <<heading:{number}>>{line[end:]}"
+        return
+    i = tangler.after_planning(lines, number)
+    mark = f":{HEADING_MARK}: {number}"
+    if i < len(lines) and tangler.PROPERTIES_START.fullmatch(lines[i]):
+        lines[i] += "\n" + mark
+    else:
+        lines[i - 1] += "\n" + "\n".join([":PROPERTIES:", mark, ":END:"])
+
+def with_heading_links(tangler, book, lines):
+    """LINES with each link to a heading on one line, its target the heading's line,
+    and each heading named marked with it."""
+    links, levels = heading_links(tangler, book), headline_levels(book.doc.lines)
+    named = {link["heading"] for link in links}
+    for heading in book.doc.headings:
+        if heading.line in named:
+            mark_heading(tangler, lines, heading, levels)
+    for link in reversed(links):
+        (a, i), (b, j) = link["start"], link["end"]
+        text = f"[[*heading:{link['heading']}][{link['description']}]]"
+        lines[a] = lines[a][:i] + text + lines[b][j:]
+        lines[a + 1 : b + 1] = [None] * (b - a)
+    return [line for line in lines if line is not None]
 
 def pandoc(text, writer, options):
     """The labelled org TEXT converted by pandoc's WRITER, through the book's filter, as

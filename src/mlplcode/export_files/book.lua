@@ -1,8 +1,9 @@
 -- The book's pandoc filter: each src block gets its label (the file it is
 -- tangled to, or the name a reference gives it), noweb references link to
--- the blocks they name, each of those says where it is used, an index of
--- names and files closes the book, and the Org property drawers that pandoc
--- keeps on headings go. Tangled from mlplcode.org, chapter "Export".
+-- the blocks they name, each of those says where it is used, links to
+-- headings lead to them, an index of names and files closes the book, and
+-- the Org property drawers that pandoc keeps on headings go. Tangled from
+-- mlplcode.org, chapter "Export".
 
 local html, typst = FORMAT:match("html") ~= nil, FORMAT == "typst"
 local links = { blocks = {}, fragments = {}, files = {} }
@@ -353,9 +354,62 @@ local function html_inline_code(code)
   return pandoc.RawInline("html", "<code>" .. text .. "</code>")
 end
 
+local heading_ids = {}
+
+local function note_headings(doc)
+  local around = nil
+  doc:walk({
+    traverse = "topdown",
+    Header = function(header)
+      around = header.identifier
+      local line = header.attributes["mlplcode-heading"]
+      if line then
+        heading_ids[line] = header.identifier
+      end
+    end,
+    Span = function(span)
+      local line = span.identifier:match("^heading:(%d+)$")
+      if line then
+        heading_ids[line] = (html or typst) and span.identifier or around
+      end
+    end,
+  })
+end
+
+local function heading_link(span)
+  if span.identifier:match("^heading:%d+$") then
+    if html then
+      return nil
+    elseif typst then
+      return pandoc.RawInline("typst", "#metadata(none)<" .. span.identifier .. ">")
+    end
+    return {}
+  end
+  local target = span.classes:includes("spurious-link") and span.attributes.target
+  if not target or target:sub(1, 1) ~= "*" then
+    return nil
+  end
+  local id = heading_ids[target:match("^%*heading:(%d+)$") or ""]
+  if not id then
+    error("a link to a heading that the export did not check: [[" .. target .. "]]")
+  end
+  local text = span.content
+  if #text == 1 and text[1].t == "Emph" then
+    text = text[1].content
+  end
+  local link = pandoc.Link(text, "#" .. id)
+  if typst then
+    local page = pandoc.RawInline("typst", "#page-ref(" .. typst_string(id) .. ");")
+    return { link, pandoc.Str("\u{A0}("), page, pandoc.Str(")") }
+  end
+  return link
+end
+
 return {
   { RawBlock = take_cross_references, Pandoc = into_parts },
   { Pandoc = note_sections },
-  { CodeBlock = src_block, Header = without_properties, Pandoc = with_index },
+  { Pandoc = note_headings },
+  { CodeBlock = src_block, Header = without_properties, Span = heading_link,
+    Pandoc = with_index },
   { Code = html and html_inline_code or nil },
 }
