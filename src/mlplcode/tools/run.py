@@ -224,10 +224,11 @@ def run_process(
     """Run argv in the root without a shell; give (exit code, output), or None on
     timeout.
 
-    With bubblewrap, the program runs in its sandbox (chapter "Trust"), PROTECTED paths
-    read-only and MASKED ones emptied; either way it gets the allow-listed environment
-    and VARIABLES, a fresh HOME, rlimits, /dev/null as stdin, and a new session whose
-    whole process group is killed however run_process ends, an interrupt included.
+    With bubblewrap, the program runs in its sandbox (chapter "The sandbox and its
+    limits"), PROTECTED paths read-only and MASKED ones emptied; either way it gets
+    the allow-listed environment and VARIABLES, a fresh HOME, rlimits, /dev/null as
+    stdin, and a new session whose whole process group is killed however run_process
+    ends, an interrupt included.
     """
     deadline, root, bwrap = (
         time.monotonic() + RUN_TIMEOUT_SECONDS,
