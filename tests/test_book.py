@@ -100,3 +100,39 @@ def test_part_one_defines_every_function_of_the_main_line(book):
                 where.setdefault(match.group(1), set()).add(part_of(book, block.heading))
     missing = [name for name in MAIN_LINE if "Part I: The loop" not in where.get(name, ())]
     assert missing == []
+
+
+# A chapter or section named in the prose, as the book writes one: chapter "The
+# journal", section "Paths", chapters "A" and "B".
+REFERENCE = re.compile(r'\b(?:[Cc]hapter|[Ss]ection)s?\s+"[^"]+"')
+VERBATIM = re.compile(r'(?<![^\s(\[{"\'])([=~])(?=\S)(.*?\S)?\1(?=[\s.,;:!?)\]}"\'-]|$)', re.S)
+LINK = re.compile(r"\[\[.*?\]\]", re.S)
+
+
+def prose_paragraphs(book):
+    """Each paragraph of prose (not a block, heading, drawer, keyword or table), with
+    the number of its first line."""
+    paragraph, first, inside = [], 0, False
+    for number, line in enumerate(book.doc.lines + [""], 1):
+        text = line.strip()
+        if re.match(r"#\+(begin|end)_", text, re.I):
+            inside = text[2:7].lower() == "begin"
+        if inside or not text or text[0] in "*#|:":
+            if paragraph:
+                yield first, "\n".join(paragraph)
+            paragraph = []
+            continue
+        if not paragraph:
+            first = number
+        paragraph.append(line)
+
+
+def test_every_chapter_and_section_the_prose_names_is_a_link(book):
+    plain = []
+    for first, text in prose_paragraphs(book):
+        covered = [m.span() for m in VERBATIM.finditer(text)] + [m.span() for m in LINK.finditer(text)]
+        for match in REFERENCE.finditer(text):
+            a, b = match.span()
+            if not any(x < b and a < y for x, y in covered):
+                plain.append(f"mlplcode.org:{first + text[:a].count(chr(10))}: {match.group(0)}")
+    assert plain == [], f"{len(plain)} references that are plain text:\n" + "\n".join(plain)
