@@ -1,6 +1,8 @@
 """The book as a reader meets it: prose before every block, code lines that fit."""
 
 import importlib.util
+import shutil
+import subprocess
 import re
 import sys
 from pathlib import Path
@@ -136,3 +138,28 @@ def test_every_chapter_and_section_the_prose_names_is_a_link(book):
             if not any(x < b and a < y for x, y in covered):
                 plain.append(f"mlplcode.org:{first + text[:a].count(chr(10))}: {match.group(0)}")
     assert plain == [], f"{len(plain)} references that are plain text:\n" + "\n".join(plain)
+
+
+def test_an_edit_inside_a_chunk_that_part_two_fills_is_detangled_into_part_two(tmp_path):
+    """resolve_path's refusal of a misleading path is a chunk used at an indentation in
+    Part I and written in Part II: edited in the tangled file, it goes back to Part II."""
+    for name in ("mlplcode.org", ".mlplcode.org.tangle.json"):
+        shutil.copy(CHECKOUT / name, tmp_path / name)
+    for name in ("src", "tangle"):
+        shutil.copytree(CHECKOUT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    paths = tmp_path / "src" / "mlplcode" / "tools" / "paths.py"
+    old = '\n            " give a path relative to the project root"\n'  # 4 of the 12 spaces: the prefix
+    assert paths.read_text().count(old) == 1
+    paths.write_text(paths.read_text().replace(old, old.replace("project root", "project's root")))
+    tangler = [sys.executable, str(tmp_path / "tangle" / "tangle.py")]
+    done = subprocess.run(tangler + ["--detangle", "mlplcode.org"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    before = (CHECKOUT / "mlplcode.org").read_text().splitlines()
+    after = (tmp_path / "mlplcode.org").read_text().splitlines()
+    changed = [k for k, (a, b) in enumerate(zip(before, after)) if a != b]
+    assert len(before) == len(after) and len(changed) == 1
+    assert after[changed[0]] == '        " give a path relative to the project\'s root"'  # without the prefix
+    part_two = before.index("* Part II: Holding the line")
+    assert changed[0] > part_two and before.index("* Part III: Stepping it by hand") > changed[0]
+    check = subprocess.run(tangler + ["--check", "mlplcode.org"], cwd=tmp_path, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
