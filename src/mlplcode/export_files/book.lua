@@ -143,11 +143,13 @@ local function note(anchor)
                        pandoc.Space() })
     end
     if #fragment.parts > 1 then
-      local others, part = {}, 0
+      local others, part, named = {}, 0, {}
       for k, other in ipairs(fragment.parts) do
+        local section = sections[other] and sections[other].id or other
         if other == anchor then
           part = k
-        else
+        elseif not named[section] then
+          named[section] = true
           table.insert(others, place(other, false))
         end
       end
