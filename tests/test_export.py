@@ -746,3 +746,25 @@ def test_a_click_on_a_chapter_reference_lands_on_the_chapter(linked_export):
     assert abs(seen["top"]) < 1, "the chapter's heading is at the top of the window"
     assert seen["style"] == "normal", "the description as written, not in italics"
     assert seen["marked"] == "#farewell"
+
+
+def test_in_the_book_itself_a_click_on_chapter_the_loop_lands_on_it(exported):
+    """The same click in the exported book: the first reference of chapter "One step" to
+    chapter "The loop" brings that chapter's heading to the top of the window."""
+    require_tool("chromium", "following a link to a chapter in the book's web page")
+    directory, _ = exported
+    page = (directory / "mlplcode.html").read_text()
+    target = re.search(r'<h1[^>]* id="([^"]+)"[^>]*>\s*(?:<span[^>]*>[^<]*</span>\s*)?The loop</h1>', page)
+    assert target, "chapter The loop has a heading"
+    land = LAND.replace("#farewell", "#" + target.group(1)).replace('"farewell"', json.dumps(target.group(1)))
+    url = (directory / "mlplcode.html").as_uri()
+    with tempfile.TemporaryDirectory(prefix="mlplcode-chromium-", ignore_cleanup_errors=True) as profile:
+        browser = Chromium(url, 1280, 900, profile)
+        try:
+            browser.wait_for(url)
+            seen = browser.evaluate(land)
+        finally:
+            browser.close()
+    assert seen["hash"] == "#" + target.group(1) and seen["after"] > seen["before"]
+    assert seen["title"].split()[-2:] == ["The", "loop"]
+    assert abs(seen["top"]) < 1, "the chapter's heading is at the top of the window"
