@@ -29,7 +29,8 @@ def ensure_venv():
     installed = open(STAMP).read() if os.path.exists(STAMP) else ""
     if installed != wanted:
         print("tasks: installing mlplcode with its test, export, acp and eval extras into .venv (first run, or pyproject.toml changed)", flush=True)
-        subprocess.run([os.path.join(BIN, "python"), "-m", "pip", "install", "--quiet",
+        # pip's own lines say what it fetches and installs: a first install takes minutes.
+        subprocess.run([os.path.join(BIN, "python"), "-m", "pip", "install",
                         "--disable-pip-version-check", "-e", ROOT + "[test,export,acp,eval]"], check=True)
         with open(STAMP, "w") as f:
             f.write(wanted)
