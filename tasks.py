@@ -39,7 +39,10 @@ def ensure_venv():
 def main(argv):
     commands = {
         "demo": [os.path.join(BIN, "mlplcode"), "demo"],
-        "test": [os.path.join(BIN, "python"), "-m", "pytest", "-q"],
+        # On every core, a file to a worker (so a file's shared fixtures are made once),
+        # counting the tests as they pass.
+        "test": [os.path.join(BIN, "python"), "-m", "pytest", "-n", "auto", "--dist", "loadfile",
+                 "-o", "console_output_style=count"],
     }
     if len(argv) != 1 or argv[0] not in commands:
         print(f"usage: python3 tasks.py {{{'|'.join(commands)}}}", file=sys.stderr)
