@@ -1,6 +1,7 @@
 """The mlplcode kernel, driven over jupyter_client as Jupyter drives it."""
 import json
 import os
+import sys
 import pathlib
 import shutil
 import tempfile
@@ -547,3 +548,23 @@ def test_the_kernel_names_a_lexer_that_pygments_finds(kernel):
     assert list(lexer.get_tokens("Keep add.\n%step\n")) == [(Text, "Keep add.\n%step\n")]  # a note, whole
     assert [(kind, value) for kind, value in lexer.get_tokens("%%note\n%step\n") if value.strip()] == [
         (Keyword, "%%note"), (String, "\n%step\n")]
+
+
+def test_exit_in_a_real_jupyter_console_leaves_it(project, tmp_path):
+    """`jupyter console --kernel mlplcode`, typed at as a person would: a task, then exit."""
+    pexpect = pytest.importorskip("pexpect")
+    console = os.path.join(os.path.dirname(sys.executable), "jupyter-console")
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "TERM": "dumb"}
+    child = pexpect.spawn(console, ["--kernel", "mlplcode", "--simple-prompt"], cwd=str(tmp_path), env=env,
+                          encoding="utf-8", timeout=HANG)
+    try:
+        child.expect(r"In \[1\]: ")
+        child.sendline(f"%root {project}")
+        child.expect(r"In \[2\]: ")
+        child.sendline("exit")
+        left = child.expect([pexpect.EOF, r"In \[3\]: "])  # a third prompt: exit was taken as a note
+        shown = child.before
+    finally:
+        child.close(force=True)
+    assert left == 0 and "%resume takes it up again" in shown
+    assert child.exitstatus == 0
