@@ -67,20 +67,43 @@ def test_a_compacted_run_replays_exactly(long_run, tmp_path):
     assert any(e["type"] == "compact" for e in replayed)
 
 
-def test_a_compacted_run_is_taken_up_past_its_summaries(long_run, project, tmp_path):
-    long_run.run()
-    calls = [e["text"] if e["type"] == "reply" else e["summary"] for e in long_run.events
-             if e["type"] in ("reply", "compact")]
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps(calls))
-    scripted = Agent.start("Read the files again and again", shutil.copytree(project, str(tmp_path / "again")),
-                           f"scripted:{script}", journal=str(tmp_path / "scripted.jsonl"), budget=40,
-                           model_options={"context": 600})
-    scripted.step(12)
-    assert scripted.state.compactions > 0
-    resumed = Agent(scripted.journal)  # its model starts after the replies and the summaries used
+def scripted_run(project, tmp_path, name, replies, budget, context):
+    script = tmp_path / f"{name}.json"
+    script.write_text(json.dumps(replies))
+    return Agent.start("Read the files again and again", shutil.copytree(project, str(tmp_path / name)),
+                       f"scripted:{script}", journal=str(tmp_path / f"{name}.jsonl"), budget=budget,
+                       model_options={"context": context})
+
+
+def test_a_scripted_model_keeps_its_replies_for_steps_and_the_summary_is_made_from_the_journal(
+        project, tmp_path):
+    """300 alternating READs in a context of 1,024 tokens: before, each summary took a reply of the
+    script, two READs of one file met in a row, and the run ended stuck after two compactions."""
+    replies = ["READ calc.py", "READ test_calc.py"] * 150
+    agent = scripted_run(project, tmp_path, "long", replies, 300, 1024)
+    agent.run()
+    state = agent.state
+    assert state.stop["reason"] == "budget" and len(state.steps) == 300 and state.compactions > 2
+    assert [step.action["path"] for step in state.steps] == [reply.split()[1] for reply in replies]
+    summaries = [event["summary"] for event in agent.events if event["type"] == "compact"]
+    assert summaries[0].startswith("step 1: READ calc.py: calc.py (5 lines)")
+    assert max(map(len, summaries)) <= 4000  # the latest lines, as much as a paragraph of the prompt holds
+    fresh = shutil.copytree(os.path.join(EXAMPLES, "add"), str(tmp_path / "fresh"))
+    with contextlib.redirect_stdout(io.StringIO()):
+        status, recorded, replayed = replay(agent.journal, fresh, str(tmp_path / "again.jsonl"))
+    assert replayed[1:] == recorded[1:]  # a replay is given the recorded summaries back
+
+
+def test_a_compacted_scripted_run_is_taken_up_past_its_summaries(project, tmp_path):
+    replies = ["READ calc.py", "READ test_calc.py", "SEARCH add"] * 14
+    whole = scripted_run(project, tmp_path, "whole", replies, 40, 600)
+    whole.run()
+    part = scripted_run(project, tmp_path, "part", replies, 40, 600)
+    part.step(12)
+    assert part.state.compactions > 0
+    resumed = Agent(part.journal)  # its model starts after the replies used, summaries being none of them
     resumed.run()
-    assert resumed.events[1:] == long_run.events[1:]
+    assert resumed.events[1:] == whole.events[1:]
 
 
 def test_compact_folds_every_step_at_once_and_the_transcript_shows_it(project, tmp_path):

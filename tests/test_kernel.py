@@ -427,14 +427,16 @@ def test_every_command_has_help():
 
 
 def test_compact_folds_the_steps_so_far_into_a_summary(kernel, project, tmp_path):
-    script = tmp_path / "with-summary.json"
-    script.write_text(json.dumps(["READ calc.py", "READ test_calc.py", "calc.py holds add; its test passes."]))
+    script = tmp_path / "reads.json"
+    script.write_text(json.dumps(["READ calc.py", "READ test_calc.py", "READ calc.py"]))
     kernel.ok(f"%root {project}\n%model scripted:{script}\n%task Look around\n%step 2")
     shown = kernel.ok("%compact")
     assert kinds(shown) == ["compact"]
     assert "steps 1 to 2 are summarized in the prompt" in text(shown)
     prompt = text(kernel.ok("%show prompt"))
-    assert "SUMMARY OF STEPS 1 TO 2:\n    calc.py holds add; its test passes." in prompt and "ACTION 1" not in prompt
+    # A script's replies are actions: the summary is made from the journal, and the script keeps its third.
+    assert "SUMMARY OF STEPS 1 TO 2:\n    step 1: READ calc.py: calc.py (5 lines)" in prompt and "ACTION 1" not in prompt
+    assert "READ calc.py" in text(kernel.ok("%step"))
 
 
 def test_fork_makes_the_branch_the_run_and_show_tree_draws_both(kernel, project, replies):

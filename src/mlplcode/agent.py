@@ -22,7 +22,13 @@ from .journal import (
     sync_journal,
     waiting_step,
 )
-from .models import ModelError, lasting_spec, model_from_spec, settled_options
+from .models import (
+    ModelError,
+    lasting_spec,
+    model_from_spec,
+    replies_used,
+    settled_options,
+)
 from .policy import DEFAULT_POLICY, whole_policy
 from .prompt import Rendered, build_context
 from .show import as_html, as_markdown, as_text, report_views
@@ -196,7 +202,9 @@ class Agent:
                 raise ValueError(f"{self.journal}: the run's project {self.root} is gone")
             self.project = open_project(self.root)
             retry = {"on_retry": self.on_retry} if self.on_retry else {}
-            used = len(self.state.steps) + self.state.compactions
+            used = replies_used(
+                self.model_spec, len(self.state.steps), self.state.compactions
+            )
             self.model = model or model_from_spec(
                 self.model_spec, used=used, **start["model_options"], **retry
             )

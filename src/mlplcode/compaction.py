@@ -10,6 +10,7 @@ from .prompt import (
     shown_observation,
     step_paragraphs,
 )
+from .protocol import headline
 
 def step_chars(state, number, limit):
     """The characters step NUMBER takes in the prompt, near enough: its action and its
@@ -64,11 +65,25 @@ def summary_messages(state, upto):
             return messages
         limit //= 2
 
+def recounted(state, upto):
+    """A summary of steps to UPTO made from the journal: each step's action and the
+    first line of its observation."""
+    lines = [state.summary] if state.summarized else []
+    for step in state.steps[state.summarized : upto]:
+        action = headline(step.action) if "tool" in step.action else "(no action)"
+        result = step.observation["text"] if step.observation else "(no observation)"
+        lines.append(f"step {step.number}: {action}: {result.split(chr(10))[0][:120]}")
+    summary, limit = "\n".join(lines), shown_limit(state)
+    return summary if len(summary) <= limit else summary[len(summary) - limit :]
+
 def compact(state, model, record, force=False):
     """Fold the oldest steps of STATE into a summary asked of MODEL, recorded as a
     compact event."""
     upto = fold_point(state, force)
-    summary = getattr(model, "unconstrained", model)(summary_messages(state, upto))
+    if getattr(model, "summarizes", True):
+        summary = getattr(model, "unconstrained", model)(summary_messages(state, upto))
+    else:
+        summary = recounted(state, upto)
     record({"type": "compact", "upto": upto, "summary": summary})
 
 def needs_compaction(state, rendered=None):

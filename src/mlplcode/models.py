@@ -24,6 +24,9 @@ def echo_model(messages):
         raise ModelError("echo model got no messages")
     return messages[-1]["content"]
 
+
+echo_model.summarizes = False
+
 def model_from_replies(replies, kind, used=0):
     """Answer each call with the next of `replies`, in order, after the first `used`.
 
@@ -63,7 +66,9 @@ def scripted_model(path, used=0):
         raise ModelError(f"{label}: not valid JSON: {error}") from error
     if not isinstance(replies, list) or not all(isinstance(r, str) for r in replies):
         raise ModelError(f"{label}: must be a JSON array of strings")
-    return model_from_replies(replies, "scripted", used)
+    model = model_from_replies(replies, "scripted", used)
+    model.summarizes = False  # its replies are actions; a summary is made without it
+    return model
 
 def replay_model(path, used=0):
     """A model that gives again the replies a recorded run received, in order, after the
@@ -78,6 +83,11 @@ def replay_model(path, used=0):
         if event["type"] in ("reply", "compact")
     ]
     return model_from_replies(replies, "replay", used)
+
+def replies_used(spec, steps, summaries):
+    """The replies a list-backed model of SPEC gave a run of STEPS steps and SUMMARIES
+    summaries."""
+    return steps + (summaries if spec.startswith("replay:") else 0)
 
 DEFAULT_TIMEOUT = 600.0  # seconds for a whole call, retries included
 DEFAULT_MAX_REPLY_BYTES = 2**20  # 1 MiB: the most of an answer's body that is read
