@@ -37,7 +37,7 @@ def tokens(messages):
 @pytest.fixture
 def long_run(project, tmp_path):
     agent = Agent.start("Read the files again and again", project, "echo", journal=str(tmp_path / "run.jsonl"),
-                        budget=40, model_options={"context": 600})
+                        budget=40, model_options={"context": 1400})
     agent.model = Live(["READ calc.py", "READ test_calc.py", "SEARCH add"] * 14)
     return agent
 
@@ -75,8 +75,8 @@ def test_a_compacted_run_is_taken_up_past_its_summaries(long_run, project, tmp_p
     script.write_text(json.dumps(calls))
     scripted = Agent.start("Read the files again and again", shutil.copytree(project, str(tmp_path / "again")),
                            f"scripted:{script}", journal=str(tmp_path / "scripted.jsonl"), budget=40,
-                           model_options={"context": 600})
-    scripted.step(12)
+                           model_options={"context": 1400})
+    scripted.step(14)
     assert scripted.state.compactions > 0
     resumed = Agent(scripted.journal)  # its model starts after the replies and the summaries used
     resumed.run()

@@ -578,7 +578,6 @@ def lasting_spec(spec):
 
 PROBE_SECONDS = 3.0
 SAFE_CONTEXT = 2048
-OLLAMA_SMALLEST_CONTEXT = 2048
 
 
 def fetch_json(url, body=None):
@@ -650,8 +649,7 @@ def ollama(root, base, name):
         setting = re.search(
             r"^num_ctx\s+(\d+)", str(shown.get("parameters", "")), re.MULTILINE
         )
-        context = int(setting.group(1)) if setting else OLLAMA_SMALLEST_CONTEXT
-        return {"server": "ollama", "context": context}
+        return {"server": "ollama", "context": int(setting.group(1)) if setting else None}
 
 
 def lm_studio(root, base, name):
