@@ -330,7 +330,7 @@ def updates(event, state):
     """The session updates that show EVENT; STATE is the run just after it."""
     kind, step = event["type"], state.steps[-1] if state.steps else None
     called = bool(step and step.action)
-    settled = settled_line(event["model_options"]) if kind == "start" else ""
+    settled = settled_line(event.get("model_options", {})) if kind == "start" else ""
     if settled:
         return [person_said(event["task"]), thought(settled)]
     if kind in ("start", "note"):
@@ -594,6 +594,8 @@ class FrontEnd:
                 **self.settings,
                 **self.watchers(session)
             )
+            start = session.agent.state.start  # recorded before the watchers were told
+            self.tell(session, live(updates(start, session.agent.state)))
             return session.agent.report([])
         if session.explaining:
             session.explaining = False
