@@ -649,7 +649,8 @@ def ollama(root, base, name):
         setting = re.search(
             r"^num_ctx\s+(\d+)", str(shown.get("parameters", "")), re.MULTILINE
         )
-        return {"server": "ollama", "context": int(setting.group(1)) if setting else None}
+        context = int(setting.group(1)) if setting else None
+        return {"server": "ollama", "context": context}
 
 
 def lm_studio(root, base, name):
