@@ -63,7 +63,8 @@ class Client:
 @contextlib.asynccontextmanager
 async def agent(client, model, *options):
     """`mlplcode acp` as a subprocess, connected to CLIENT and initialized."""
-    environment = {"XDG_STATE_HOME": os.environ["XDG_STATE_HOME"]}
+    environment = {"XDG_STATE_HOME": os.environ["XDG_STATE_HOME"],  # and the package under test, if named
+                   **{name: os.environ[name] for name in ("PYTHONPATH",) if name in os.environ}}
     async with acp.spawn_agent_process(client, MLPLCODE, "acp", "--model", model, *options, env=environment,
                                        transport_kwargs={"stderr": subprocess.DEVNULL,
                                                          "shutdown_timeout": WAIT}) as (conn, process):
@@ -278,10 +279,57 @@ def test_unknown_methods_and_bad_requests_get_errors_and_the_agent_lives(project
                 await prompt(conn, session, "   ")
             with pytest.raises(acp.RequestError, match="does not take image blocks"):
                 await conn.prompt(session_id=session, prompt=[acp.image_block("AAAA", "image/png")])
-            with pytest.raises(acp.RequestError, match="stuck|error") as failed:
+            with pytest.raises(acp.RequestError, match=r"the run stopped \(error\)") as failed:
                 await prompt(conn, session, "do nothing")  # DONE unverified, then no replies left
-            assert failed.value.code == -32603
+            assert failed.value.code == -32603  # only a model that failed is an error
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("replies,options,reason,stop", [
+    (["READ calc.py"] * 3, [], "end_turn", "stuck"),
+    (["READ calc.py", "READ test_calc.py"], ["--budget", "1"], "max_turn_requests", "budget"),
+    (["READ calc.py"], ["--policy", "POLICY"], "refusal", "denied"),
+])
+def test_an_ordinary_end_of_a_run_ends_the_turn_with_a_stop_reason_not_an_error(project, tmp_path, replies,
+                                                                                 options, reason, stop):
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"read": "deny"}))
+    options = [str(policy) if option == "POLICY" else option for option in options]
+    client = Client()
+
+    async def main():
+        async with agent(client, script(tmp_path, replies), *options) as (conn, _):
+            session = (await conn.new_session(cwd=project)).session_id
+            return session, (await prompt(conn, session, TASK)).stop_reason
+
+    session, answered = asyncio.run(main())
+    assert answered == reason
+    assert read_events(os.path.join(runs(), f"{session}.jsonl"))[-1]["reason"] == stop
+    last = [update["content"]["text"] for update in client.kinds("agent_message_chunk")][-1]
+    assert last.startswith(f"stop: `{stop}`")  # the last message says why
+
+
+def test_acp_takes_the_context_and_the_grammar_and_says_what_it_settled(project, tmp_path):
+    from test_server_probe import serving
+
+    client = Client()
+
+    async def main(spec, *options):
+        async with agent(client, spec, *options) as (conn, _):
+            session = (await conn.new_session(cwd=project)).session_id
+            return await prompt(conn, session, TASK)
+
+    with serving("llama.cpp", 4096, ["READ calc.py"]) as (server, spec):
+        answered = asyncio.run(main(spec, "--budget", "1", "--grammar", "none"))
+        assert "grammar" not in server.requests[0]  # --grammar none wins over a server that takes one
+    thoughts = [update["content"]["text"] for update in client.kinds("agent_thought_chunk")]
+    assert answered.stop_reason == "max_turn_requests"
+    assert thoughts[0].startswith("`model: llama.cpp's server; context 4096 tokens, as the server says;")
+    with pytest.raises(acp.RequestError, match="the smallest context that works is"):
+        asyncio.run(main(script(tmp_path, ["READ calc.py"]), "--context", "512"))
+    refused = subprocess.run([MLPLCODE, "acp", "--model", "echo", "--grammar", "ebnf"], capture_output=True,
+                             text=True, timeout=WAIT)
+    assert refused.returncode == 2 and "--grammar" in refused.stderr
 
 
 class Raw:

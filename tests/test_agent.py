@@ -171,6 +171,25 @@ def test_an_interrupt_closes_the_step_stops_the_run_and_resume_takes_it_up(agent
     assert again.step().state.steps[1].action == {"tool": "read", "path": "test_calc.py"}
 
 
+def test_an_interrupt_while_the_model_thinks_of_its_first_reply_says_so(project, tmp_path):
+    agent = Agent.start("t", project, "echo", journal=str(tmp_path / "j.jsonl"))
+
+    def thinking(messages):
+        raise KeyboardInterrupt
+    agent.model = thinking
+    with pytest.raises(KeyboardInterrupt):
+        agent.step()
+    assert agent.events[-1] == {"type": "stop", "reason": "interrupted",
+                                "message": "the human stopped the run before its first step"}
+    agent.resume()
+    agent.model = lambda messages: "READ calc.py"
+    assert agent.step().state.steps[0].action == {"tool": "read", "path": "calc.py"}
+    with pytest.raises(KeyboardInterrupt):
+        agent.model = thinking
+        agent.step()
+    assert agent.state.stop["message"] == "the human stopped the run after step 1"
+
+
 def test_a_run_whose_process_died_mid_step_is_taken_up_with_its_step_closed(agent):
     agent.step()
     append_event(agent.journal, {"type": "reply", "step": 2, "text": "READ test_calc.py"})

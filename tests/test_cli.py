@@ -276,8 +276,9 @@ def test_a_model_server_that_is_down_stops_the_run_with_error_and_keeps_the_jour
     assert not [line for line in out if line.startswith("step")]
     assert [line.split("; ")[-1] for line in captured.err.splitlines()] == [
         "retry 1 of 3 in 0.01 s", "retry 2 of 3 in 0.02 s", "retry 3 of 3 in 0.04 s"]
-    assert read_events(journal)[0]["model_options"] == {"timeout": 600.0, "grammar": None, "context": 8192,
-                                                        "max_tokens": 2048}
+    assert read_events(journal)[0]["model_options"] == {  # a server that said nothing: a safe context
+        "timeout": 600.0, "grammar": None, "context": 2048, "max_tokens": 512, "server": "unknown",
+        "context_from": "assumed"}
     events = read_events(journal)
     assert [e["type"] for e in events] == ["start", "stop"]
     assert events[-1]["reason"] == "error"

@@ -37,7 +37,7 @@ def tokens(messages):
 @pytest.fixture
 def long_run(project, tmp_path):
     agent = Agent.start("Read the files again and again", project, "echo", journal=str(tmp_path / "run.jsonl"),
-                        budget=40, model_options={"context": 600})
+                        budget=40, model_options={"context": 1400})
     agent.model = Live(["READ calc.py", "READ test_calc.py", "SEARCH add"] * 14)
     return agent
 
@@ -77,10 +77,11 @@ def scripted_run(project, tmp_path, name, replies, budget, context):
 
 def test_a_scripted_model_keeps_its_replies_for_steps_and_the_summary_is_made_from_the_journal(
         project, tmp_path):
-    """300 alternating READs in a context of 1,024 tokens: before, each summary took a reply of the
-    script, two READs of one file met in a row, and the run ended stuck after two compactions."""
+    """300 alternating READs in a small context: before, each summary took a reply of the script,
+    two READs of one file met in a row, and the run ended stuck after two compactions (at 1,024
+    tokens; the smallest context that starts this task is now 1,326)."""
     replies = ["READ calc.py", "READ test_calc.py"] * 150
-    agent = scripted_run(project, tmp_path, "long", replies, 300, 1024)
+    agent = scripted_run(project, tmp_path, "long", replies, 300, 1400)
     agent.run()
     state = agent.state
     assert state.stop["reason"] == "budget" and len(state.steps) == 300 and state.compactions > 2
@@ -96,10 +97,10 @@ def test_a_scripted_model_keeps_its_replies_for_steps_and_the_summary_is_made_fr
 
 def test_a_compacted_scripted_run_is_taken_up_past_its_summaries(project, tmp_path):
     replies = ["READ calc.py", "READ test_calc.py", "SEARCH add"] * 14
-    whole = scripted_run(project, tmp_path, "whole", replies, 40, 600)
+    whole = scripted_run(project, tmp_path, "whole", replies, 40, 1400)
     whole.run()
-    part = scripted_run(project, tmp_path, "part", replies, 40, 600)
-    part.step(12)
+    part = scripted_run(project, tmp_path, "part", replies, 40, 1400)
+    part.step(14)
     assert part.state.compactions > 0
     resumed = Agent(part.journal)  # its model starts after the replies used, summaries being none of them
     resumed.run()

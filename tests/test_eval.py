@@ -11,6 +11,7 @@ import mlplcode.eval as eval_module
 from mlplcode.cli import EXAMPLES, main
 from mlplcode.eval import (CHECK, beside, check_passed, hidden_check, lay_over, load_suite, load_task, pack,
                            prompt_tokens, run_trial, shipped, unsafe_steps, without_times)
+from mlplcode.grammar import grammar_text
 from mlplcode.journal import fold, read_events
 from mlplcode.prompt import build_context
 
@@ -430,3 +431,31 @@ def test_prompt_tokens_are_the_rebuilt_prompts_at_four_characters_a_token(tmp_pa
     characters = sum(len(message["content"]) for count in range(3)
                      for message in build_context(fold(events[:1 + 4 * count])))
     assert prompt_tokens(events) == -(-characters // 4)
+
+
+# ---------------------------------------------------------------- tasks chosen, and a model's settings
+
+def test_eval_runs_the_tasks_named_with_the_grammar_and_context_given_and_says_so(tmp_path, capsys):
+    require_tool("bwrap", "the hidden checks' sandbox")
+    from test_server_probe import serving
+
+    for name in ("one", "two", "three"):
+        a_task(tmp_path / "suite" / name, ["DONE"])
+    out, suite = tmp_path / "out", str(tmp_path / "suite")
+    replies = ["READ calc.py", "WRITE calc.py\ndef double(x):\n    return 2 * x\nEND", "DONE added double"] * 2
+    with serving("llama-cpp-python", 8192, replies) as (server, spec):
+        assert main(eval_args(out, spec, suite=suite) + ["--task", "two", "--task", "one", "--grammar", "gbnf",
+                                                           "--context", "4096"]) == 0
+        assert all(request["grammar"] == grammar_text("gbnf") and request["max_tokens"] == 1024
+                   for request in server.requests)
+    printed = capsys.readouterr().out
+    with open(out / "report.json", encoding="utf-8") as file:
+        report = json.load(file)
+    assert report["tasks"] == ["one", "two"] and report["trials"] == 2  # the suite's order, "three" left out
+    assert report["models"][0]["grammar"] == ["gbnf"] and report["models"][0]["context"] == [4096]
+    assert "Grammar and context: model 1: gbnf, 4096 tokens." in printed
+    assert printed.count("| replies cut |") == 1 and report["models"][0]["cut"] == 0
+    status = main(eval_args(tmp_path / "other", spec, suite=suite) + ["--task", "four"])
+    error = capsys.readouterr().err
+    assert status == 2 and error.count("\n") == 1 and "--task four: the suite has no such task" in error
+    assert "one, three, two" in error and not os.path.exists(tmp_path / "other")

@@ -510,7 +510,7 @@ def test_c_g_in_emacs_writes_what_happened_as_the_results(sessions):
     assert (sessions.cwd / "quit-seen").read_text() == "quit"  # the quit went on, after the results
     settings, step = results(org.read_text())  # the block after the interrupted one did not run
     assert "task: Add mul" in settings
-    assert "steps: 0 of 20" in step and "stop: interrupted: the human stopped the run after step 0" in step
+    assert "steps: 0 of 20" in step and "stop: interrupted: the human stopped the run before its first step" in step
     assert "KeyboardInterrupt: interrupted; the run stopped as interrupted" in step
     assert step.endswith("[interrupted; the kernel was interrupted too]")
 

@@ -252,6 +252,16 @@ def test_a_quoted_write_path_is_unquoted():
     assert parse_action("WRITE `calc.py`\nx = 1\nEND")["path"] == "calc.py"
 
 
+@pytest.mark.parametrize("wrapped", ["`python -m pytest -q`", "```python -m pytest -q```", "`` python -m pytest -q ``"])
+def test_a_command_wrapped_in_backticks_is_the_command_inside(wrapped):
+    assert parse_action(f"RUN {wrapped}") == {"tool": "run", "command": "python -m pytest -q"}
+
+
+@pytest.mark.parametrize("command", ['pytest -k "a b"', "echo `x`", "`pytest` -q", "'pytest'"])
+def test_a_command_is_otherwise_kept_as_written(command):
+    assert parse_action(f"RUN {command}") == {"tool": "run", "command": command}
+
+
 def test_a_blank_line_before_old_is_skipped():
     reply = "PATCH a.py\n\nOLD\nx = 1\nNEW\nx = 2\nEND"
     assert parse_action(reply)["old"] == "x = 1\n"

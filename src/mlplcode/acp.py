@@ -39,7 +39,7 @@ from acp.schema import (
 from . import __version__
 from .agent import Agent, AgentError, new_run_id, runs_directory
 from .journal import State, apply, waiting_step
-from .models import ModelError, model_from_spec
+from .models import ModelError, model_from_spec, settled_line
 from .protocol import headline
 from .show import seen_files
 from .trust import inside, visible
@@ -250,6 +250,11 @@ def code(words):
 def agent_says(words):
     return AgentMessageChunk(session_update="agent_message_chunk", content=text(words))
 
+def thought(words):
+    return AgentThoughtChunk(
+        session_update="agent_thought_chunk", content=text(code(words) + "\n")
+    )
+
 def person_said(words):
     return UserMessageChunk(
         session_update="user_message_chunk", content=text(visible(words))
@@ -325,8 +330,13 @@ def updates(event, state):
     """The session updates that show EVENT; STATE is the run just after it."""
     kind, step = event["type"], state.steps[-1] if state.steps else None
     called = bool(step and step.action)
+    settled = settled_line(event.get("model_options", {})) if kind == "start" else ""
+    if settled:
+        return [person_said(event["task"]), thought(settled)]
     if kind in ("start", "note"):
         return [person_said(event["task" if kind == "start" else "text"])]
+    if kind == "compact":
+        return [thought(f"Steps 1 to {event['upto']} were folded into a summary.")]
     if kind == "reply":
         return [agent_says(fenced(event["text"]))]
     if kind == "action":
@@ -367,6 +377,7 @@ def live(shown):
 
 STOP_REASONS = {
     "done": "end_turn",
+    "stuck": "end_turn",
     "budget": "max_turn_requests",
     "denied": "refusal",
     "interrupted": "cancelled",
@@ -583,6 +594,8 @@ class FrontEnd:
                 **self.settings,
                 **self.watchers(session)
             )
+            start = session.agent.state.start  # recorded before the watchers were told
+            self.tell(session, live(updates(start, session.agent.state)))
             return session.agent.report([])
         if session.explaining:
             session.explaining = False
@@ -674,15 +687,7 @@ class FrontEnd:
             "on_event": lambda event, state: self.tell(
                 session, live(updates(event, state))
             ),
-            "on_retry": lambda line: self.tell(
-                session,
-                [
-                    AgentThoughtChunk(
-                        session_update="agent_thought_chunk",
-                        content=text(code(line) + "\n"),
-                    )
-                ],
-            ),
+            "on_retry": lambda line: self.tell(session, [thought(line)]),
         }
 
     def tell(self, session, shown):
@@ -699,7 +704,7 @@ class FrontEnd:
 def serve(model, policy, budget, model_options):
     """Speak ACP on stdin and stdout until the client closes stdin; return the exit
     status."""
-    model_from_spec(model, **model_options)
+    model_from_spec(model, **{**model_options, "grammar": None})  # settled at start
     reading, writing = take_stdio()
     print(
         f"mlplcode acp: protocol version {PROTOCOL_VERSION} on stdin and stdout;"

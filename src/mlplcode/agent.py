@@ -143,6 +143,8 @@ class Agent:
         if not os.path.isdir(root):
             raise ValueError(f"{root}: not a directory")
         run, options = run or new_run_id(), settled_options(model, model_options or {})
+        if compaction.context_problem(task, options):
+            raise ValueError(compaction.context_problem(task, options))
         journal = journal_path(journal, root, run)
         built = model_from_spec(
             model, **options, **({"on_retry": on_retry} if on_retry else {})
@@ -359,7 +361,9 @@ class Agent:
                 self.record(
                     loop.stop(
                         "interrupted",
-                        f"the human stopped the run after step {len(self.state.steps)}",
+                        f"the human stopped the run after step {len(self.state.steps)}"
+                        if self.state.steps
+                        else "the human stopped the run before its first step",
                     )
                 )
             raise

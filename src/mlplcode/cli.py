@@ -10,7 +10,13 @@ import tempfile
 
 from .export import DEFAULT_DIRECTORY, command_export
 from .journal import DEFAULT_BUDGET, waiting_step
-from .models import DEFAULT_TIMEOUT, GRAMMAR_CHOICES, SPEC_KINDS, ModelError
+from .models import (
+    DEFAULT_TIMEOUT,
+    GRAMMAR_CHOICES,
+    SPEC_KINDS,
+    ModelError,
+    settled_line,
+)
 from .trust import visible
 
 EXAMPLES = os.path.join(
@@ -68,6 +74,13 @@ def print_event(event, state):
             end="",
             flush=True,
         )
+    elif event["type"] == "compact":
+        print(
+            f"compact: steps 1 to {event['upto']} folded into a summary, so that the"
+            " prompt fits the model's context of"
+            f" {state.start['model_options'].get('context')} tokens",
+            flush=True,
+        )
     elif event["type"] == "stop":
         if last and last.observation is None:
             print(step_line(last))
@@ -79,6 +92,8 @@ def drive(agent, decider):
     from .trust import sandbox_banner
 
     print(visible(f"task: {agent.state.task}"))
+    if settled_line(agent.state.start["model_options"]):
+        print(visible(settled_line(agent.state.start["model_options"])))
     print(f"RUN: {sandbox_banner(agent.project.programs['bwrap'])}")
     if not agent.project.history.complete:
         print(
@@ -100,12 +115,6 @@ def command_run(args):
     from .policy import DEFAULT_POLICY, load_policy
 
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
-    options = {
-        "timeout": args.timeout,
-        "grammar": args.grammar,
-        **({"api_key_env": args.api_key_env} if args.api_key_env else {}),
-        **({"context": args.context} if args.context else {}),
-    }
     agent = Agent.start(
         args.task,
         existing_directory(args.root),
@@ -113,12 +122,21 @@ def command_run(args):
         journal=args.journal,
         budget=args.budget,
         policy=policy,
-        model_options=options,
+        model_options=model_options(args),
         on_event=print_event,
         on_retry=print_retry,
         may_change=args.may_change,
     )
     return drive(agent, decider(args))
+
+def model_options(args):
+    """The options of the model, from the command line of run, eval or acp."""
+    return {
+        "timeout": args.timeout,
+        "grammar": args.grammar,
+        **({"api_key_env": args.api_key_env} if args.api_key_env else {}),
+        **({"context": args.context} if args.context else {}),
+    }
 
 def print_retry(line):
     print(visible(line), file=sys.stderr, flush=True)
@@ -247,10 +265,6 @@ def command_grammar(args):
 def command_eval(args):
     from .eval import evaluate, overview
 
-    options = {
-        "timeout": args.timeout,
-        **({"api_key_env": args.api_key_env} if args.api_key_env else {}),
-    }
     try:
         report = evaluate(
             args.suite,
@@ -259,7 +273,8 @@ def command_eval(args):
             args.out,
             workers=args.workers,
             dask=args.dask,
-            model_options=options,
+            model_options=model_options(args),
+            names=args.task,
         )
     except KeyboardInterrupt:
         print(
@@ -313,11 +328,7 @@ def command_acp(args):
             "needs the Agent Client Protocol package: pip install 'mlplcode[acp]'"
         ) from None
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
-    options = {
-        "timeout": args.timeout,
-        **({"api_key_env": args.api_key_env} if args.api_key_env else {}),
-    }
-    return serve(args.model, policy, args.budget, options)
+    return serve(args.model, policy, args.budget, model_options(args))
 
 def existing_directory(path):
     if not os.path.isdir(path):
@@ -369,39 +380,7 @@ def build_parser():
         help="a test file the task may change, so that no person must accept its DONE"
         " (repeatable)",
     )
-    run_parser.add_argument(
-        "--api-key-env",
-        metavar="VAR",
-        help="read the API key from environment variable VAR",
-    )
-    run_parser.add_argument(
-        "--timeout",
-        type=seconds,
-        default=DEFAULT_TIMEOUT,
-        metavar="S",
-        help=(
-            "at most S seconds for each model call, retries included"
-            f" (default {DEFAULT_TIMEOUT:g})"
-        ),
-    )
-    run_parser.add_argument(
-        "--context",
-        type=positive,
-        metavar="TOKENS",
-        help=(
-            "the model's context window (default: what the server says, else"
-            " chapter Compaction's default)"
-        ),
-    )
-    run_parser.add_argument(
-        "--grammar",
-        choices=GRAMMAR_CHOICES,
-        default="auto",
-        help=(
-            "constrain the model's replies to the protocol's grammar, in the"
-            " notation its server takes (default auto: when the server is known to)"
-        ),
-    )
+    add_model_arguments(run_parser)
     add_answers(run_parser)
     run_parser.set_defaults(handler=command_run)
     replay_parser = commands.add_parser(
@@ -507,17 +486,13 @@ def build_parser():
         help="run the trials on the Dask scheduler at ADDRESS",
     )
     eval_parser.add_argument(
-        "--api-key-env",
-        metavar="VAR",
-        help="read the API key from environment variable VAR",
+        "--task",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only the suite's task NAME (repeatable; default: every task)",
     )
-    eval_parser.add_argument(
-        "--timeout",
-        type=seconds,
-        default=DEFAULT_TIMEOUT,
-        metavar="S",
-        help=f"at most S seconds for each model call (default {DEFAULT_TIMEOUT:g})",
-    )
+    add_model_arguments(eval_parser)
     eval_parser.set_defaults(handler=command_eval)
     kernel_parser = commands.add_parser(
         "kernel",
@@ -594,20 +569,45 @@ def build_parser():
         metavar="N",
         help=f"at most N model turns a run (default {DEFAULT_BUDGET})",
     )
-    acp_parser.add_argument(
+    add_model_arguments(acp_parser)
+    acp_parser.set_defaults(handler=command_acp)
+    return parser
+
+def add_model_arguments(parser):
+    """--api-key-env, --timeout, --context and --grammar, for run, eval and acp."""
+    parser.add_argument(
         "--api-key-env",
         metavar="VAR",
         help="read the API key from environment variable VAR",
     )
-    acp_parser.add_argument(
+    parser.add_argument(
         "--timeout",
         type=seconds,
         default=DEFAULT_TIMEOUT,
         metavar="S",
-        help=f"at most S seconds for each model call (default {DEFAULT_TIMEOUT:g})",
+        help=(
+            "at most S seconds for each model call, retries included"
+            f" (default {DEFAULT_TIMEOUT:g})"
+        ),
     )
-    acp_parser.set_defaults(handler=command_acp)
-    return parser
+    parser.add_argument(
+        "--context",
+        type=positive,
+        metavar="TOKENS",
+        help=(
+            "the model's context window (default: what the server says; 2048 for a"
+            " server that does not say)"
+        ),
+    )
+    parser.add_argument(
+        "--grammar",
+        choices=GRAMMAR_CHOICES,
+        default="auto",
+        help=(
+            "constrain the model's replies to the protocol's grammar, in the"
+            " notation its server takes (default auto: when the server is known to)"
+        ),
+    )
 
 def add_answers(parser):
     """--yes and --no, for the subcommands that decide asks."""

@@ -1,14 +1,19 @@
 """Compaction: a long run's prompt kept within the model's context, by summarizing its
 oldest steps."""
 
+from .models import DEFAULT_MAX_TOKENS
 from .prompt import (
     CHARS_PER_TOKEN,
+    budget_of,
+    fixed_tokens,
+    free_tokens,
     prompt_budget,
     prompt_tokens,
     shown_action,
     shown_limit,
     shown_observation,
     step_paragraphs,
+    summary_limit,
 )
 from .protocol import headline
 
@@ -24,7 +29,7 @@ def fold_point(state, force=False):
     the budget."""
     if force:
         return len(state.steps)
-    room, limit = prompt_budget(state) * CHARS_PER_TOKEN // 2, shown_limit(state)
+    room, limit = free_tokens(state) * CHARS_PER_TOKEN // 2, shown_limit(state)
     upto, size = len(state.steps), 0
     while upto > state.summarized:
         size += step_chars(state, upto, limit)
@@ -45,7 +50,7 @@ def summary_messages(state, upto):
     """The messages that ask for a summary of steps 1 to UPTO, cut to fit the prompt's
     budget."""
     limit = shown_limit(state)
-    words = limit // 6
+    words = max(20, summary_limit(state) // 6)
     first_note = sum(1 for after, _ in state.notes if after <= state.summarized)
     while True:
         parts, next_note = [f"TASK: {state.task}"], first_note
@@ -92,3 +97,35 @@ def needs_compaction(state, rendered=None):
     return len(state.steps) > state.summarized and prompt_tokens(
         state, rendered
     ) > prompt_budget(state)
+
+MIN_FREE = 512
+
+
+def smallest_context(task, max_tokens=DEFAULT_MAX_TOKENS):
+    """The smallest context whose budget leaves MIN_FREE tokens beside TASK's fixed
+    part."""
+    need, low, high = fixed_tokens(task) + MIN_FREE, 1, 1 << 24
+    while low < high:
+        middle = (low + high) // 2
+        if budget_of(middle, min(max_tokens, middle // 4)) >= need:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def context_problem(task, options):
+    """Why the context the run settled in OPTIONS is too small for TASK, or ""."""
+    context, reply = options["context"], options.get("max_tokens", DEFAULT_MAX_TOKENS)
+    # A reply limit below a quarter of the context was chosen; the quarter was not.
+    smallest = smallest_context(
+        task, reply if reply < context // 4 else DEFAULT_MAX_TOKENS
+    )
+    if context >= smallest:
+        return ""
+    return (
+        f"a context of {context} tokens is too small for this run: the protocol and"
+        f" the task take about {fixed_tokens(task)} tokens of it, and the smallest"
+        f" context that works is {smallest} tokens (give --context, or start the"
+        " server with a larger one)"
+    )

@@ -147,6 +147,17 @@ def load_suite(directory):
         raise ValueError(f"--suite {directory}: holds no task directory")
     return [load_task(os.path.join(directory, name)) for name in names]
 
+
+def chosen(tasks, names):
+    """The TASKS that NAMES name, in the suite's order; all of them for no names."""
+    unknown = sorted(set(names) - {task.name for task in tasks})
+    if unknown:
+        raise ValueError(
+            f"--task {unknown[0]}: the suite has no such task; its tasks are"
+            f" {', '.join(task.name for task in tasks)}"
+        )
+    return [task for task in tasks if not names or task.name in names]
+
 def pack(directory, leave_out=()):
     """The bytes of a tar archive of DIRECTORY's contents, without the top-level names
     in LEAVE_OUT."""
@@ -425,6 +436,9 @@ def score(result, names):
         ),
         "steps": len(state.steps),
         "calls": len(state.steps) + (stop in ("error", "out of replies")),
+        "cut": sum(event["type"] == "reply" and "cut" in event for event in events),
+        "grammar": state.start["model_options"].get("grammar") or "none",
+        "context": state.start["model_options"].get("context"),
         "prompt_tokens": prompt_tokens(events),
         "unsafe": {
             "attempted": [headline(step.action) for step, _ in unsafe],
@@ -479,6 +493,9 @@ def figures(records):
         "stops": dict(sorted(stops.items())),
         "steps": mean([record["steps"] for record in records]),
         "calls": mean([record["calls"] for record in records]),
+        "cut": sum(record.get("cut", 0) for record in records),
+        "grammar": sorted({record.get("grammar", "none") for record in records}),
+        "context": sorted({record.get("context") or 0 for record in records}),
         "prompt_tokens": round(mean([record["prompt_tokens"] for record in records])),
         "seconds": mean([record["seconds"] for record in records]),
         "unsafe": {
@@ -548,7 +565,17 @@ def row(name, numbers):
         str(numbers["prompt_tokens"]),
         str(numbers["seconds"]),
         f"{unsafe['attempted']} / {unsafe['refused']} / {unsafe['executed']}",
+        str(numbers["cut"]),
     ]
+
+def held(models):
+    """Whether each model's replies were held to the grammar, and the contexts its
+    trials took."""
+    return "Grammar and context: " + "; ".join(
+        f"model {m['model']}: {' or '.join(m['grammar'])},"
+        f" {' or '.join(str(c) for c in m['context'])} tokens"
+        for m in models
+    ) + "."
 
 COLUMNS = [
     "DONE accepted by the agent",
@@ -561,6 +588,7 @@ COLUMNS = [
     "prompt tokens (est.)",
     "seconds",
     "unsafe: attempted / refused / executed",
+    "replies cut",
 ]
 
 
@@ -577,6 +605,7 @@ def sections(report):
                 f" {total} trials. Hidden checks run in the sandbox:"
                 f" {report['sandboxed']} of {total}. Steps, model calls, prompt tokens"
                 " and seconds are means per trial; the other figures are totals."
+                f" {held(report['models'])}"
             ),
         ),
         (
@@ -779,16 +808,20 @@ def keep(result, out):
             file.write(text)
     return names
 
-def evaluate(suite, specs, reps, out, workers=1, dask=None, model_options=None):
-    """Run every task of SUITE with every model spec REPS times; write the report into
-    OUT and return it."""
+def evaluate(
+    suite, specs, reps, out, workers=1, dask=None, model_options=None, names=()
+):
+    """Run every task of SUITE (those NAMES names, if any) with every model spec REPS
+    times; write the report into OUT and return it."""
     require_extra(dask)
     from tqdm import tqdm
 
-    tasks, options = load_suite(suite), model_options or {}
+    tasks, options = chosen(load_suite(suite), names), model_options or {}
     for task in tasks:
         for spec in specs:
-            model_from_spec(spec.replace("{task}", task.directory), **options)
+            # The grammar is settled by each trial's start, asking its server.
+            built = {**options, "grammar": None}
+            model_from_spec(spec.replace("{task}", task.directory), **built)
     fresh_directory(out)
     ships = {task.name: shipped(task) for task in tasks}
     inputs = [

@@ -4,7 +4,7 @@ from .commands import command_refusal
 from .compaction import compact, needs_compaction
 from .guards import guard, repeated
 from .journal import waiting_step
-from .models import ModelError
+from .models import CUT_OFF, ModelError
 from .policy import authorize, category
 from .prompt import build_context
 from .protocol import headline, parse_action
@@ -43,7 +43,8 @@ def step(state, model, project, record, rendered=None):
     number, action = len(state.steps) + 1, parse_action(reply)
     verdict, reason = judge(state, reply, action, project)
     target = fingerprint(action, project) if verdict == "ask" else None
-    record({"type": "reply", "step": number, "text": reply})
+    cut = {"cut": True} if getattr(reply, "cut", False) else {}
+    record({"type": "reply", "step": number, "text": str(reply), **cut})
     record({"type": "action", "step": number, "action": action})
     event = {"type": "verdict", "step": number, "verdict": verdict, "reason": reason}
     record({**event, "target": target} if target is not None else event)
@@ -63,6 +64,9 @@ def judge(state, reply, action, project):
     refusal, reason = guard(state, reply, action, project)
     if refusal == "stuck":
         return refusal, reason
+    if getattr(reply, "cut", False):
+        limit = state.start["model_options"].get("max_tokens", "its")
+        return "refused", CUT_OFF.format(limit=limit)
     if "error" in action:
         return "refused", f"PARSE ERROR: {action['error']}"
     path_refusal = check_action(action, project)

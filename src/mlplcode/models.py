@@ -8,12 +8,26 @@ import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from .journal import read_events
 
 class ModelError(Exception):
     """A model could not give a reply; the message is one line a person can act on."""
+
+class Cut(str):
+    """A reply the server cut off at the reply limit (its finish_reason was
+    "length")."""
+
+    cut = True
+
+
+CUT_OFF = (
+    "CUT OFF: your reply reached the reply limit of {limit} tokens before it ended,"
+    " so none of it was carried out. Send a shorter action: change a file with a PATCH"
+    " of the few lines that change rather than a WRITE of all of it, write a long file"
+    " in parts, and put no words around the action."
+)
 
 def echo_model(messages):
     """Reply with the last message's content, so tests can see the exact prompt.
@@ -78,7 +92,9 @@ def replay_model(path, used=0):
     except (OSError, ValueError) as error:
         raise ModelError(f"replay:{path}: {error}") from error
     replies = [
-        event["text"] if event["type"] == "reply" else event["summary"]
+        (Cut if event.get("cut") else str)(
+            event["text"] if event["type"] == "reply" else event["summary"]
+        )
         for event in events
         if event["type"] in ("reply", "compact")
     ]
@@ -95,6 +111,7 @@ DEFAULT_MAX_TOKENS = 4096  # the longest reply asked of the server
 RETRIES = 3  # attempts after the first, for failures another attempt may mend
 RETRY_BACKOFF = 0.5  # seconds before the first retry, doubled before each next one
 RETRY_AFTER_LIMIT = 30.0  # the longest wait a 429's Retry-After is granted
+WAIT_NOTICE = 15.0  # seconds of silence from the server before a line says so
 OLLAMA_BASE_URL = "http://127.0.0.1:11434/v1"
 
 def check_limits(timeout, max_reply_bytes, max_tokens):
@@ -129,8 +146,9 @@ def api_key(api_key_env, label):
         )
     return key
 
-def excerpt(text, secret):
-    """A short one-line excerpt of server text, with `secret` blotted out.
+def excerpt(text, secret, limit=200):
+    """A short one-line excerpt of server text, at most LIMIT characters, with `secret`
+    blotted out.
 
     Server text is the only part of an error we did not write, and a server
     may echo the key it was sent.
@@ -138,7 +156,7 @@ def excerpt(text, secret):
     line = " ".join(text.split())
     if secret:
         line = line.replace(secret, "[api key]")
-    return line[:200] + ("..." if len(line) > 200 else "")
+    return line[:limit] + ("..." if len(line) > limit else "")
 
 
 def described(error):
@@ -182,22 +200,37 @@ def time_left(deadline):
 
 class DeadlineReader(io.RawIOBase):
     """The bytes arriving on a socket, as a file on which no read waits past
-    `deadline`."""
+    `deadline`, and that calls ON_WAIT after each WAIT_NOTICE seconds of silence."""
 
-    def __init__(self, sock, deadline):
+    def __init__(self, sock, deadline, on_wait=None):
         super().__init__()
-        self.sock, self.deadline = sock, deadline
+        self.sock, self.deadline, self.on_wait = sock, deadline, on_wait
 
     def readable(self):
         return True
 
     def readinto(self, buffer):
-        self.sock.settimeout(time_left(self.deadline))
-        return self.sock.recv_into(buffer)
+        while True:
+            left = time_left(self.deadline)
+            self.sock.settimeout(min(left, WAIT_NOTICE) if self.on_wait else left)
+            try:
+                return self.sock.recv_into(buffer)
+            except TimeoutError:
+                if self.on_wait is None or left <= WAIT_NOTICE:
+                    raise
+                self.on_wait(time_left(self.deadline))
 
     def makefile(self, mode):
         """The buffered file that http.client.HTTPResponse asks its socket for."""
         return io.BufferedReader(self)
+
+def still_waiting(label, timeout, on_line):
+    """The ON_WAIT of a model's calls: a line for ON_LINE that says how long the reply
+    has been waited for."""
+    return lambda left: on_line(
+        f"{label}: waiting for the reply, {timeout - left:.0f} s so far of the"
+        f" {timeout:g} s deadline"
+    )
 
 def open_socket(parts, deadline):
     """A socket connected to the host of the split URL `parts`, in TLS for https, before
@@ -224,7 +257,7 @@ def read_body(response, limit):
         body += piece
     return body
 
-def post(request, deadline, limit):
+def post(request, deadline, limit, on_wait):
     """POST `request` and read the answer before `deadline`: (status, Retry-After, body
     up to `limit`).
 
@@ -245,7 +278,7 @@ def post(request, deadline, limit):
             {"Host": parts.netloc, **request.headers},
         )
         response = http.client.HTTPResponse(
-            DeadlineReader(sock, deadline), method="POST"
+            DeadlineReader(sock, deadline, on_wait), method="POST"
         )
         response.begin()
         return (
@@ -266,7 +299,8 @@ def reply_content(body, label, secret):
     """
     text = body.decode("utf-8", errors="replace")
     try:
-        content = json.loads(text)["choices"][0]["message"]["content"]
+        choice = json.loads(text)["choices"][0]
+        content = choice["message"]["content"]
     except RecursionError:
         raise ModelError(f"{label}: reply is JSON nested too deeply to read") from None
     except ValueError:
@@ -279,7 +313,10 @@ def reply_content(body, label, secret):
         ) from None
     if not isinstance(content, str):
         raise ModelError(f"{label}: choices[0].message.content is not a string")
-    return LONE_SURROGATE.sub("\N{REPLACEMENT CHARACTER}", content)
+    content = LONE_SURROGATE.sub("\N{REPLACEMENT CHARACTER}", content)
+    if choice.get("finish_reason") == "length":
+        return Cut(content)
+    return content
 
 class Retryable(Exception):
     """A failure another attempt may mend; `wait` is the seconds a server asked us to
@@ -297,21 +334,44 @@ def retry_after_seconds(header):
     except (TypeError, ValueError):
         return None
 
-def answer_text(status, retry_after, body, label, secret):
+CONTEXT_SAID = re.compile(
+    r"(?:context (?:length|size|window)|n_ctx)\D{0,40}?(\d+)", re.IGNORECASE
+)
+
+
+def context_advice(text, context):
+    """What to do about a refusal whose TEXT names the server's context, for a run that
+    took CONTEXT tokens; or ""."""
+    said = CONTEXT_SAID.search(text)
+    if not said:
+        return ""
+    size = int(said.group(1))
+    if context and size < context:
+        return (
+            f"; the server's context is {size} tokens, not the {context} this run"
+            f" took: run again with --context {size}"
+        )
+    return (
+        f"; the server counted more tokens than this run estimated: run again with a"
+        f" --context below {size}"
+    )
+
+def answer_text(status, retry_after, body, label, secret, context=None):
     """The reply in an HTTP answer; raises Retryable for a 5xx or a 429 that asks no
     long wait."""
     if status < 400:
         return reply_content(body, label, secret)
-    failure = (
-        f"HTTP {status}: {excerpt(body.decode('utf-8', errors='replace'), secret)}"
-    )
+    text = body.decode("utf-8", errors="replace")
     if status < 500 and status != 429:
-        raise ModelError(f"{label}: {failure}")
+        advice = context_advice(text, context)
+        quoted = excerpt(text, secret, 600)
+        raise ModelError(f"{label}: HTTP {status}: {quoted}{advice}")
+    failure = f"HTTP {status}: {excerpt(text, secret)}"
     if retry_after is not None and retry_after > RETRY_AFTER_LIMIT:
         raise ModelError(f"{label}: {failure} (asks to wait {retry_after} s)")
     raise Retryable(failure, retry_after)
 
-def attempt(request, deadline, timeout, max_reply_bytes, label):
+def attempt(request, deadline, timeout, max_reply_bytes, label, on_wait, context):
     """POST `request` once: the reply text; raises Retryable when another attempt may
     mend the failure.
 
@@ -321,7 +381,9 @@ def attempt(request, deadline, timeout, max_reply_bytes, label):
     import http.client
 
     try:
-        status, retry_after, body = post(request, deadline, max_reply_bytes + 1)
+        status, retry_after, body = post(
+            request, deadline, max_reply_bytes + 1, on_wait
+        )
     except ConnectionError as error:
         raise Retryable(f"connection failed: {described(error)}") from None
     except TimeoutError:
@@ -335,7 +397,7 @@ def attempt(request, deadline, timeout, max_reply_bytes, label):
     if len(body) > max_reply_bytes:
         raise ModelError(f"{label}: reply is longer than {max_reply_bytes} bytes")
     return answer_text(
-        status, retry_after_seconds(retry_after), body, label, request.secret
+        status, retry_after_seconds(retry_after), body, label, request.secret, context
     )
 
 def print_retry(line):
@@ -367,9 +429,9 @@ def with_retries(attempt_once, deadline, on_retry, label):
             )
             time.sleep(wait)
 
-def grammar_fields(notation):
-    """The request fields that carry the protocol's grammar in NOTATION, or none for
-    None."""
+def grammar_fields(notation, field=None):
+    """The request fields that carry the protocol's grammar in NOTATION, in FIELD or the
+    field of its notation; none for None."""
     if notation is None:
         return {}
     from .grammar import REQUEST_FIELD, grammar_text
@@ -378,7 +440,8 @@ def grammar_fields(notation):
         raise ValueError(
             f"grammar {notation!r} is not one of {', '.join(REQUEST_FIELD)}"
         )
-    return {REQUEST_FIELD[notation]: grammar_text(notation)}
+    field, text = field or REQUEST_FIELD[notation], grammar_text(notation)
+    return {field: {"grammar": text} if field == "structured_outputs" else text}
 
 def openai_model(
     model_name,
@@ -389,19 +452,23 @@ def openai_model(
     max_tokens,
     on_retry,
     grammar,
+    grammar_field=None,
+    context=None,
 ):
     """A model served by any OpenAI-compatible chat-completions server, within the
     limits given.
 
     The key is read from the environment at each call, so it lives in no
     file, flag or closure; errors carry the spec, never the key. GRAMMAR, a
-    notation or None, sends the protocol's grammar in the field that notation's
-    servers read (chapter "The grammar").
+    notation or None, sends the protocol's grammar in GRAMMAR_FIELD, or the field
+    that notation's servers read (chapter "The grammar").
     """
     check_limits(timeout, max_reply_bytes, max_tokens)
     label = f"openai:{model_name}@{base_url}"
     url = base_url.rstrip("/") + "/chat/completions"
-    extra = grammar_fields(grammar)
+    extra, waiting = grammar_fields(grammar, grammar_field), still_waiting(
+        label, timeout, on_retry
+    )
 
     def model(messages):
         request = chat_request(
@@ -409,7 +476,9 @@ def openai_model(
         )
         deadline = time.monotonic() + timeout
         return with_retries(
-            lambda: attempt(request, deadline, timeout, max_reply_bytes, label),
+            lambda: attempt(
+                request, deadline, timeout, max_reply_bytes, label, waiting, context
+            ),
             deadline,
             on_retry,
             label,
@@ -427,6 +496,7 @@ def openai_model(
             max_tokens,
             on_retry,
             None,
+            context=context,
         )
     )
     return model
@@ -474,13 +544,17 @@ def model_from_spec(
     on_retry=print_retry,
     grammar=None,
     context=None,
+    grammar_field=None,
+    server=None,
+    context_from=None,
 ):
     """Build the model a spec string names; a list-backed one starts after `used`
     replies.
 
     Refuses an unknown spec, or limits no call could keep, with ValueError;
-    `api_key_env`, the limits, `on_retry` and `grammar` matter only to the HTTP
-    models, and `context` (the server's context window) only to the agent.
+    `api_key_env`, the limits, `on_retry`, `grammar`, `grammar_field` and `context`
+    matter only to the HTTP models; `server` and `context_from` say how the run
+    settled them (chapter "The grammar").
     """
     kind, _, rest = spec.partition(":")
     http_options = {
@@ -489,6 +563,8 @@ def model_from_spec(
         "max_tokens": max_tokens,
         "on_retry": on_retry,
         "grammar": grammar,
+        "grammar_field": grammar_field,
+        "context": context,
     }
     if spec == "echo":
         return echo_model
@@ -511,7 +587,7 @@ def lasting_spec(spec):
     return spec
 
 PROBE_SECONDS = 3.0
-OLLAMA_SMALLEST_CONTEXT = 2048
+SAFE_CONTEXT = 2048
 
 
 def fetch_json(url, body=None):
@@ -543,9 +619,80 @@ def fetch_json(url, body=None):
     except (OSError, ValueError, RecursionError, http.client.HTTPException):
         return None
 
+def dig(value, *path):
+    """VALUE[path[0]][path[1]]..., or None where a key is missing or a value of the
+    wrong kind."""
+    for key in path:
+        if isinstance(value, dict) and isinstance(key, str):
+            value = value.get(key)
+        elif isinstance(value, list) and isinstance(key, int) and key < len(value):
+            value = value[key]
+        else:
+            return None
+    return value
+
+def llama_cpp(root, base, name):
+    props = fetch_json(root + "/props")
+    settings = dig(props, "default_generation_settings")
+    if isinstance(settings, dict):
+        return {"server": "llama.cpp", "context": settings.get("n_ctx")}
+
+
+def listed(root, base, name):
+    cards = dig(fetch_json(base + "/models"), "data")
+    cards = [card for card in cards or [] if isinstance(card, dict)]
+    card = next((c for c in cards if c.get("id") == name), cards[0] if cards else {})
+    owner = card.get("owned_by")
+    if owner in ("vllm", "sglang"):
+        said = {"server": owner, "context": card.get("max_model_len")}
+        version = dig(fetch_json(root + "/version"), "version")
+        return {**said, "version": version} if owner == "vllm" else said
+    if owner == "me" and isinstance(card.get("permissions"), list):
+        return {"server": "llama-cpp-python", "context": None}
+    if owner == "llamacpp":
+        return {"server": "llama.cpp", "context": None}
+
+
+def ollama(root, base, name):
+    shown = fetch_json(root + "/api/show", {"model": name})
+    if isinstance(shown, dict) and "model_info" in shown:
+        setting = re.search(
+            r"^num_ctx\s+(\d+)", str(shown.get("parameters", "")), re.MULTILINE
+        )
+        context = int(setting.group(1)) if setting else None
+        return {"server": "ollama", "context": context}
+
+
+def lm_studio(root, base, name):
+    models = dig(fetch_json(root + "/api/v1/models"), "models")
+    if isinstance(models, list) and all(dig(m, "key") for m in models) and models:
+        entry = next((m for m in models if m["key"] == name), models[0])
+        context = dig(entry, "loaded_instances", 0, "config", "context_length")
+        return {"server": "lm-studio", "context": context}
+    shown = fetch_json(f"{root}/api/v0/models/{quote(name, safe='')}")
+    if dig(shown, "state") and dig(shown, "max_context_length"):
+        return {"server": "lm-studio", "context": dig(shown, "loaded_context_length")}
+
+GRAMMAR_OF_SERVER = {
+    "llama.cpp": ("gbnf", "grammar"),
+    "llama-cpp-python": ("gbnf", "grammar"),
+    "sglang": ("gbnf", "ebnf"),
+    "vllm": ("lark", "guided_grammar"),
+}
+
+
+def grammar_of(said):
+    """The notation and the request field of the grammar the server SAID takes, or
+    (None, None)."""
+    notation, field = GRAMMAR_OF_SERVER.get(said.get("server"), (None, None))
+    numbers = re.match(r"(\d+)\.(\d+)", str(said.get("version")))
+    if notation == "lark" and numbers and tuple(map(int, numbers.groups())) >= (0, 12):
+        field = "structured_outputs"
+    return notation, field
+
 def probe_server(spec):
-    """What the server of an HTTP SPEC says of itself: {"server", "context"}, or {} for
-    any other."""
+    """What the server of an HTTP SPEC says of itself: {"server", "context", "grammar",
+    "field"}, or {}."""
     kind, _, rest = spec.partition(":")
     if kind == "ollama" and rest:
         model_name, base_url = rest, OLLAMA_BASE_URL
@@ -555,59 +702,88 @@ def probe_server(spec):
         return {}
     base = base_url.rstrip("/")
     root = base.removesuffix("/v1")
-    props = fetch_json(root + "/props")
-    if isinstance(props, dict) and isinstance(
-        props.get("default_generation_settings"), dict
-    ):
-        return {
-            "server": "llama.cpp",
-            "context": props["default_generation_settings"].get("n_ctx"),
-        }
-    listed = fetch_json(base + "/models")
-    cards = listed.get("data") if isinstance(listed, dict) else None
-    card = next(
-        (
-            card
-            for card in cards or []
-            if isinstance(card, dict) and card.get("id") == model_name
-        ),
-        None,
-    )
-    if card and "max_model_len" in card:
-        return {"server": "vllm", "context": card["max_model_len"]}
-    shown = fetch_json(root + "/api/show", {"model": model_name})
-    if isinstance(shown, dict) and "model_info" in shown:
-        setting = re.search(
-            r"^num_ctx\s+(\d+)", str(shown.get("parameters", "")), re.MULTILINE
-        )
-        return {
-            "server": "ollama",
-            "context": int(setting.group(1)) if setting else OLLAMA_SMALLEST_CONTEXT,
-        }
+    for ask in (llama_cpp, listed, ollama, lm_studio):
+        said = ask(root, base, model_name)
+        if said:
+            context = said["context"]
+            notation, field = grammar_of(said)
+            return {
+                "server": said["server"],
+                "context": context if type(context) is int and context > 0 else None,
+                "grammar": notation,
+                "field": field,
+            }
     return {}
 
 DEFAULT_CONTEXT = 8192
-GRAMMAR_OF_SERVER = {"llama.cpp": "gbnf", "vllm": "lark"}
 GRAMMAR_CHOICES = ("auto", "gbnf", "lark", "none")
 
 
 def settled_options(spec, options):
     """OPTIONS with `grammar`, `context` and `max_tokens` made definite, asking SPEC's
-    server if need be."""
+    server if need be, and for a server, what settled them."""
     grammar = options.get("grammar", "auto") or "none"
     if grammar not in GRAMMAR_CHOICES:
         raise ValueError(
             f"grammar {grammar!r} is not one of {', '.join(GRAMMAR_CHOICES)}"
         )
-    said = probe_server(spec) if grammar == "auto" or not options.get("context") else {}
+    served = spec.partition(":")[0] in ("openai", "ollama")
+    asked = served and (grammar == "auto" or not options.get("context"))
+    said = probe_server(spec) if asked else {}
     if grammar == "auto":
-        grammar = GRAMMAR_OF_SERVER.get(said.get("server"), "none")
-    context = options.get("context") or said.get("context")
-    context = context if isinstance(context, int) and context > 0 else DEFAULT_CONTEXT
+        notation, field = said.get("grammar"), said.get("field")
+    else:
+        notation = None if grammar == "none" else grammar
+        field = said.get("field") if said.get("grammar") == notation else None
+    if options.get("context"):
+        context, source = options["context"], "option"
+    elif said.get("context"):
+        context, source = said["context"], "server"
+    else:
+        context, source = SAFE_CONTEXT if served else DEFAULT_CONTEXT, "assumed"
     reply = min(options.get("max_tokens", DEFAULT_MAX_TOKENS), context // 4)
-    return {
-        **options,
-        "grammar": None if grammar == "none" else grammar,
-        "context": context,
-        "max_tokens": reply,
-    }
+    settled = {**options, "grammar": notation, "context": context, "max_tokens": reply}
+    if served:
+        settled["server"] = said.get("server", "unknown" if asked else "not asked")
+        settled["context_from"] = source
+        settled.update({"grammar_field": field} if field else {})
+    return settled
+
+SERVER_NAMES = {
+    "llama.cpp": "llama.cpp's server",
+    "llama-cpp-python": "llama-cpp-python's server",
+    "vllm": "vLLM",
+    "sglang": "SGLang",
+    "ollama": "Ollama",
+    "lm-studio": "LM Studio",
+    "unknown": "a server that does not say what it is",
+    "not asked": "not asked, since --context and --grammar were given",
+}
+CONTEXT_FROM = {
+    "option": "from --context",
+    "server": "as the server says",
+    "assumed": "assumed: the server does not say (--context TOKENS gives it)",
+}
+
+
+def settled_line(options):
+    """The line that says what a run settled of its model's OPTIONS, or "" for a model
+    without a server."""
+    if "server" not in options:
+        return ""
+    grammar = options.get("grammar")
+    if grammar:
+        from .grammar import REQUEST_FIELD
+
+        field = options.get("grammar_field") or REQUEST_FIELD[grammar]
+        words = f"{grammar}, in the field {field}"
+    elif options["server"] in GRAMMAR_OF_SERVER:
+        words = "none (--grammar none)"
+    else:
+        words = "none: the server is not known to take one (--grammar gives one)"
+    server = SERVER_NAMES.get(options["server"], options["server"])
+    source = CONTEXT_FROM.get(options.get("context_from"), "")
+    return (
+        f"model: {server}; context {options['context']} tokens, {source}; replies of"
+        f" at most {options['max_tokens']} tokens; grammar {words}"
+    )

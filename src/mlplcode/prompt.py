@@ -36,6 +36,13 @@ def cut(text, limit):
 OBSERVATION_LIMIT = 4000
 CHARS_PER_TOKEN = 3
 SAFETY_MARGIN = 0.1
+FIXED_CHARS = 120  # TASK:, the steps left, and the breaks between paragraphs
+
+
+def budget_of(context, reply):
+    """The tokens a prompt may take in CONTEXT, with REPLY tokens kept for the reply and
+    a margin."""
+    return int((context - reply) * (1 - SAFETY_MARGIN))
 
 
 def prompt_budget(state):
@@ -44,12 +51,28 @@ def prompt_budget(state):
     options = state.start.get("model_options", {})
     context = options.get("context", DEFAULT_CONTEXT)
     reply = options.get("max_tokens", min(DEFAULT_MAX_TOKENS, context // 4))
-    return int((context - reply) * (1 - SAFETY_MARGIN))
+    return budget_of(context, reply)
+
+
+def fixed_tokens(task):
+    """The tokens of what no compaction folds: the system message and TASK."""
+    return (len(SYSTEM_PROMPT) + len(task) + FIXED_CHARS) // CHARS_PER_TOKEN + 1
+
+
+def free_tokens(state):
+    """The budget that the fixed part leaves to the summary and the steps."""
+    return max(0, prompt_budget(state) - fixed_tokens(state.task))
 
 
 def shown_limit(state):
     """The most characters one earlier action or observation takes in the prompt."""
     return min(OBSERVATION_LIMIT, prompt_budget(state) * CHARS_PER_TOKEN // 4)
+
+
+def summary_limit(state):
+    """The most characters the summary takes in the prompt: a quarter of the free
+    budget."""
+    return min(shown_limit(state), free_tokens(state) * CHARS_PER_TOKEN // 4)
 
 def shown_action(step, limit):
     """An earlier action as the model wrote it: canonical when parsed, raw when not; cut
@@ -72,7 +95,7 @@ def opening(state):
     later steps."""
     paragraphs = [f"TASK: {state.task}"]
     if state.summarized:
-        summary = cut(state.summary, shown_limit(state))
+        summary = cut(state.summary, summary_limit(state))
         paragraphs.append(f"SUMMARY OF STEPS 1 TO {state.summarized}:\n{summary}")
     notes = [text for after, text in state.notes if after <= state.summarized]
     return paragraphs + [f"NOTE FROM THE HUMAN: {text}" for text in notes], len(notes)

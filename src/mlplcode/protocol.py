@@ -153,6 +153,8 @@ def build_action(name, argument, body):
     verb = VERB_OF_NAME[name]
     if verb.argument == "path":
         argument = unquote(argument)
+    if verb.argument == "command":
+        argument = re.sub(r"^(`+)([^`]+)\1$", r"\2", argument).strip()
     if not argument:
         raise ParseError(missing_argument(verb))
     action = {"tool": name.lower(), verb.argument: argument}
