@@ -204,11 +204,11 @@ def vouch_problem(start):
 def claims(start):
     """What START would have a person accept, as (name, text) lines: each field that
     acts, and that a stranger may have chosen."""
-    options = start["model_options"]
+    options, policy = start["model_options"], start["policy"]
     looser = [
-        f"{name}={verdict}"
-        for name, verdict in start["policy"].items()
-        if VERDICTS.index(verdict) < VERDICTS.index(DEFAULT_POLICY.get(name, "deny"))
+        f"{name}={policy[name]}"
+        for name, verdict in DEFAULT_POLICY.items()
+        if VERDICTS.index(policy.get(name, verdict)) < VERDICTS.index(verdict)
     ]
     lines = [("root", f"{start['root']} (its tools write there, its tests run there)")]
     if looser:
@@ -254,10 +254,10 @@ class StrangersJournal(ValueError):
         the journal as theirs, in a front end's words."""
         lines = [f"{self.journal}: {self.why}; what it says, its writer chose:"]
         lines += [f"  {name}: {text}" for name, text in claims(self.start)]
-        return "\n".join(lines + [f"take it as yours only if each line is: {confirm}"])
+        return "\n".join(lines + [f"if each line is yours: {confirm}"])
 
     def __str__(self):
-        return self.said("trust_journal=True")
+        return self.said("pass trust_journal=True")
 
 def check_start(start, journal, confirmed=False):
     """Refuse to go on from START, JOURNAL's start event, unless a kept copy vouches for
@@ -359,6 +359,8 @@ class Agent:
         goes_on = state.stop is None or state.stop["reason"] == "interrupted"
         if goes_on:
             # Before the agent becomes what a forged journal says.
+            if state_problem(start["root"]):
+                raise ValueError(f"{self.journal}: {state_problem(start['root'])}")
             check_start(start, self.journal, self.trust_journal)
         self.events, self.state = events, state
         self.run_id, self.root, self.model_spec = (
@@ -370,8 +372,6 @@ class Agent:
         if goes_on:
             if not os.path.isdir(self.root):
                 raise ValueError(f"{self.journal}: the run's project {self.root} is gone")
-            if state_problem(self.root):
-                raise ValueError(f"{self.journal}: {state_problem(self.root)}")
             self.project = open_project(self.root)
             retry = {"on_retry": self.on_retry} if self.on_retry else {}
             used = len(self.state.steps) + self.state.compactions

@@ -230,7 +230,7 @@ def trusting(args, other=""):
     try:
         yield
     except StrangersJournal as error:
-        again = f"mlplcode {args.command} again with --trust-journal"
+        again = f"run mlplcode {args.command} again with --trust-journal"
         raise ValueError(visible(error.said(again + other))) from None
 
 def print_waiting(step):
