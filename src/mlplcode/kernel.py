@@ -68,7 +68,8 @@ COMMANDS = {
         "",
         (
             "carry out the action that waits for a decision (a DONE: accept it although"
-            " the tests as they were fail)"
+            " the tests as they were fail; a journal this machine did not start: take"
+            " it as yours)"
         ),
     ),
     "deny": (
@@ -76,7 +77,8 @@ COMMANDS = {
         (
             "decline the action that waits: with a REASON the model reads it and the"
             " run goes on; without one the run ends (denied), except at a DONE, which"
-            " is refused and the run goes on"
+            " is refused and the run goes on (a journal this machine did not start:"
+            " leave it)"
         ),
     ),
     "show": (
@@ -106,7 +108,8 @@ COMMANDS = {
         (
             "take up the run recorded in JOURNAL where it stopped; without JOURNAL,"
             " this kernel's run after an interrupt, or, in a kernel with no run yet,"
-            " the unfinished run last written in the runs directory"
+            " the unfinished run last written in the runs directory; a journal this"
+            " machine did not start is shown first, for %approve or %deny"
         ),
     ),
     "help": ("[COMMAND]", "list the commands, or explain one"),
