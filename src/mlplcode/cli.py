@@ -152,12 +152,13 @@ def replayed_decisions(events):
 def replay(journal, root, output=None, trust_journal=False):
     """Drive a new run with a journal's replies and decisions; return (status, old
     events, new events). TRUST_JOURNAL: the person takes the journal as theirs."""
-    from .agent import Agent, stricter_policy, vouch_problem
+    from .agent import Agent, under_defaults, vouch_problem
     from .journal import read_events
 
     recorded = read_events(journal)
     start = next(event for event in recorded if event["type"] == "start")
     why = "" if trust_journal else vouch_problem(start)
+    settings = under_defaults(start) if why else start
     if why:
         print(
             visible(
@@ -172,8 +173,8 @@ def replay(journal, root, output=None, trust_journal=False):
         "replay:" + journal,
         journal=output,
         budget=start["budget"],
-        policy=stricter_policy(start["policy"]) if why else start["policy"],
-        model_options=start["model_options"],
+        policy=settings["policy"],
+        model_options=settings["model_options"],
         on_event=print_event,
     )
     status = drive(agent, person() if why else replayed_decisions(recorded))
