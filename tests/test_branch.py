@@ -200,7 +200,12 @@ def test_a_run_without_steps_says_so_when_asked_for_a_branch(project, tmp_path):
 
 def test_fork_of_the_shipped_journal_names_its_project_with_root(capsys):
     journal = os.path.join(EXAMPLES, "add.journal.jsonl")
-    assert main(["fork", journal, "--at", "3"]) == 2
+    assert main(["fork", journal, "--at", "3"]) == 2  # its root is not taken on its word
+    err = capsys.readouterr().err
+    assert "this machine started no run 20261201-035308-d931" in err
+    assert "  root: /tmp/mlplcode-example/add (its tools write there" in err
+    assert err.rstrip().endswith("or name the project with --root DIR, for the defaults")
+    assert main(["fork", journal, "--at", "3", "--trust-journal"]) == 2  # taken, but it is gone
     assert "is gone; name the project to branch from (mlplcode fork --root DIR)" in capsys.readouterr().err
     assert main(["fork", journal, "--at", "3", "--root", os.path.join(EXAMPLES, "add")]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -208,3 +213,5 @@ def test_fork_of_the_shipped_journal_names_its_project_with_root(capsys):
     assert open(os.path.join(root, "calc.py")).read() == open(os.path.join(EXAMPLES, "add", "calc.py")).read()
     events = read_events(branch)
     assert events[0]["type"] == "branch" and events[1]["root"] == root and len(fold(events).steps) == 2
+    assert out[-2].startswith("warning: the parent is not a run this machine started, so neither is the branch")
+    assert events[1]["policy"] == DEFAULT_POLICY and "api_key_env" not in events[1]["model_options"]

@@ -186,7 +186,8 @@ def test_the_demo_replays_the_example_to_done_and_leaves_it_untouched(capsys):
 def test_the_committed_example_journal_replays_to_the_same_events(tmp_path, capsys):
     require_tool("bwrap", "the example journal's RUN observation, recorded sandboxed")
     fresh = shutil.copytree(os.path.join(EXAMPLES, "add"), str(tmp_path / "add"))
-    assert main(["replay", os.path.join(EXAMPLES, "add.journal.jsonl"), "--root", fresh]) == 0
+    # The shipped journal is not one this machine started: its answers are taken on the person's word.
+    assert main(["replay", os.path.join(EXAMPLES, "add.journal.jsonl"), "--root", fresh, "--trust-journal"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "replay: the events are the same as the journal's"
     assert "DONE accepted; this run changed test_calc.py, and the tests as" in out[-4]

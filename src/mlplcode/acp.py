@@ -37,7 +37,14 @@ from acp.schema import (
 )
 
 from . import __version__
-from .agent import Agent, AgentError, new_run_id, runs_directory
+from .agent import (
+    Agent,
+    AgentError,
+    StrangersJournal,
+    new_run_id,
+    run_id_problem,
+    runs_directory,
+)
 from .journal import State, apply, waiting_step
 from .models import ModelError, model_from_spec, settled_line
 from .protocol import headline
@@ -650,7 +657,20 @@ class FrontEnd:
         if session_id in self.sessions and self.sessions[session_id].answering:
             raise refused("this session is answering a prompt; cancel it first")
         session = Session(session_id, root)
-        agent = await self.call(session, lambda: Agent(journal, **self.watchers(session)))
+    
+        def take_up(trust):
+            try:
+                return Agent(journal, trust_journal=trust, **self.watchers(session))
+            except StrangersJournal as error:
+                return error
+    
+        agent = await self.call(session, lambda: take_up(False))
+        if isinstance(agent, StrangersJournal):
+            if agent.start["root"] != root:
+                raise refused(f"session {session_id} works in {agent.start['root']}")
+            if await self.ask_trust(session, agent) != "allow":
+                raise refused(f"{agent.journal}: {agent.why}; it was left as it is")
+            agent = await self.call(session, lambda: take_up(True))
         if agent.root != root:
             raise refused(f"session {session_id} works in {agent.root}, not in {root}")
         session.agent, self.sessions[session_id], state = agent, session, State()
@@ -659,17 +679,33 @@ class FrontEnd:
                 await self.client.session_update(session_id=session_id, update=update)
         return LoadSessionResponse()
 
+    async def ask_trust(self, session, error):
+        """The person's answer, "allow" or another, to taking up the journal of ERROR."""
+        request = self.client.request_permission(
+            session_id=session.id,
+            options=TRUST_OPTIONS,
+            tool_call=ToolCallUpdate(
+                tool_call_id=f"journal-{session.id}",
+                status="pending",
+                title=code(f"take up {error.journal}"),
+                kind="other",
+                content=[shown_text(error.said("Allow"))],
+            ),
+        )
+        try:
+            outcome = (await request).outcome
+        except RequestError:
+            return "reject"
+        return outcome.option_id if outcome.outcome == "selected" else "cancelled"
+
     def journal(self, session_id):
         """The journal of the run SESSION_ID names, in the directory of runs, and nowhere
         else."""
-        journal = os.path.join(runs_directory(), f"{session_id}.jsonl")
-        if (
-            session_id != os.path.basename(session_id)
-            or session_id.startswith(".")
-            or not os.path.isfile(journal)
+        if run_id_problem(session_id) or not os.path.isfile(
+            os.path.join(runs_directory(), f"{session_id}.jsonl")
         ):
             raise refused(f"no run {session_id!r} in {runs_directory()}")
-        return journal
+        return os.path.join(runs_directory(), f"{session_id}.jsonl")
 
     async def call(self, session, function):
         """FUNCTION's result, made on the Agent's thread: INTERRUPTED if a cancel cut it
@@ -700,6 +736,13 @@ class FrontEnd:
     
         with contextlib.suppress(ConnectionError):
             asyncio.run_coroutine_threadsafe(send(), self.loop).result()
+
+TRUST_OPTIONS = [
+    PermissionOption(
+        option_id="allow", name="Allow: take it as mine", kind="allow_once"
+    ),
+    PermissionOption(option_id="reject", name="Leave it", kind="reject_once"),
+]
 
 def serve(model, policy, budget, model_options):
     """Speak ACP on stdin and stdout until the client closes stdin; return the exit

@@ -4,7 +4,9 @@ at a time."""
 import contextlib
 import json
 import os
+import re
 import secrets
+import stat
 import time
 from dataclasses import dataclass
 
@@ -29,7 +31,7 @@ from .models import (
     replies_used,
     settled_options,
 )
-from .policy import DEFAULT_POLICY, whole_policy
+from .policy import DEFAULT_POLICY, VERDICTS, whole_policy
 from .prompt import Rendered, build_context
 from .show import as_html, as_markdown, as_text, report_views
 from .tools.project import open_project
@@ -76,39 +78,209 @@ def starts_directory():
     return os.path.join(os.path.dirname(runs_directory()), "starts")
 
 
+RUN_ID = re.compile("[0-9]{8}-[0-9]{6}-[0-9a-f]{4}")
+
+
+def run_id_problem(run):
+    """Why RUN is not an id of the one shape new_run_id makes, or ""."""
+    if isinstance(run, str) and RUN_ID.fullmatch(run):
+        return ""
+    shown = repr(run) if len(repr(run)) <= 60 else repr(run)[:60] + "..."
+    return f"its run id {shown} is not one mlplcode makes"
+
+def owned_alone(descriptor, what, kind):
+    """Refuse, closing DESCRIPTOR, a file that is not of KIND (stat.S_ISDIR or S_ISREG),
+    or that another user owns or may write; WHAT names it."""
+    info = os.fstat(descriptor)
+    if not kind(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        os.close(descriptor)
+        raise ValueError(
+            f"{what} is not a {'directory' if kind is stat.S_ISDIR else 'file'}"
+            " of this user's alone"
+        )
+
+def open_starts(keeping=False):
+    """A descriptor of the starts directory, opened through no link, or None when there
+    is none; KEEPING makes it, and makes it this user's alone."""
+    path = starts_directory()
+    if keeping:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    try:
+        descriptor = os.open(
+            path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        )
+    except FileNotFoundError:
+        return None
+    except OSError:
+        raise ValueError(f"{path} is a link or not a directory") from None
+    if keeping and os.fstat(descriptor).st_uid == os.geteuid():
+        os.fchmod(descriptor, 0o700)
+    owned_alone(descriptor, path, stat.S_ISDIR)
+    return descriptor
+
 def keep_start(start):
     """Keep a copy of the start event START, under its run id, in the starts
     directory."""
-    os.makedirs(starts_directory(), exist_ok=True)
-    append_event(os.path.join(starts_directory(), f"{start['run']}.jsonl"), start)
-
-
-def check_start(start, journal):
-    """Refuse a start event that is not the one kept when its run began; say what
-    differs."""
-    kept = os.path.join(starts_directory(), f"{start['run']}.jsonl")
-    try:
-        with open(kept, encoding="utf-8") as file:
-            copies = [json.loads(line) for line in file if line.strip()]
-    except FileNotFoundError:
+    if run_id_problem(start["run"]):
         raise ValueError(
-            f"{journal}: this machine started no run {start['run']} (no copy of its"
-            f" start event in {starts_directory()}); replay it rather than take it up"
-        ) from None
+            f"no copy of its start event can be kept: {run_id_problem(start['run'])}"
+            " (a branch of it is a run of its own)"
+        )
+    line = json.dumps(start, ensure_ascii=False, sort_keys=True) + "\n"
+    directory = open_starts(keeping=True)
+    try:
+        descriptor = os.open(
+            f"{start['run']}.jsonl",
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
+            0o600,
+            dir_fd=directory,
+        )
+    finally:
+        os.close(directory)
+    owned_alone(descriptor, f"the kept copy of run {start['run']}", stat.S_ISREG)
+    try:
+        data = line.encode("utf-8")
+        while data:
+            data = data[os.write(descriptor, data) :]
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def kept_starts(run):
+    """The start events kept under RUN, read in the starts directory alone and through
+    no link; [] when there are none."""
+    directory = open_starts()
+    if directory is None:
+        return []
+    try:
+        descriptor = os.open(
+            f"{run}.jsonl",
+            os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK,
+            dir_fd=directory,
+        )
+    except FileNotFoundError:
+        return []
+    finally:
+        os.close(directory)
+    owned_alone(descriptor, f"the kept copy of run {run}", stat.S_ISREG)
+    with open(descriptor, encoding="utf-8") as file:
+        return [json.loads(line) for line in file if line.strip()]
+
+def state_problem(root):
+    """Why no run may work in ROOT, which holds the state directory; or ""."""
+    state = os.path.realpath(os.path.dirname(runs_directory()))
+    if inside(state, os.path.realpath(root)):
+        return (
+            f"{root} holds mlplcode's state directory {state}, where a run in it could"
+            " rewrite its journals and the copies that vouch for them; set"
+            " XDG_STATE_HOME to a directory outside it"
+        )
+    return ""
+
+
+def vouch_problem(start):
+    """Why no copy kept on this machine vouches for START as the person's own start
+    event, or "" when one does."""
+    run = start["run"]
+    if run_id_problem(run):
+        return run_id_problem(run)
+    try:
+        copies = [copy for copy in kept_starts(run) if isinstance(copy, dict)]
+    except (OSError, ValueError, RecursionError) as error:
+        return f"its kept copy cannot vouch for it: {error}"
+    if not copies:
+        return (
+            f"this machine started no run {run} (no copy of its start event in"
+            f" {starts_directory()})"
+        )
     if start not in copies:
         changed = sorted(
             key
             for key in start.keys() | copies[0].keys()
             if start.get(key) != copies[0].get(key)
         )
-        raise ValueError(
-            f"{journal}: its start event is not the one this run began with"
-            f" ({', '.join(changed)} changed since); refusing to take it up"
+        return (
+            "its start event is not the one this run began with"
+            f" ({', '.join(changed)} changed since)"
         )
+    return ""
+
+
+def claims(start):
+    """What START would have a person accept, as (name, text) lines: each field that
+    acts, and that a stranger may have chosen."""
+    options, policy = start["model_options"], start["policy"]
+    looser = [
+        f"{name}={policy[name]}"
+        for name, verdict in DEFAULT_POLICY.items()
+        if VERDICTS.index(policy.get(name, verdict)) < VERDICTS.index(verdict)
+    ]
+    lines = [("root", f"{start['root']} (its tools write there, its tests run there)")]
+    if looser:
+        lines.append(("policy", f"{' '.join(looser)} (looser than the default)"))
+    lines.append(("model", f"{start['model']} (it is sent the project's text)"))
+    if options.get("api_key_env"):
+        key = options["api_key_env"]
+        lines.append(("key", f"the value of ${key}, sent to that model's server"))
+    rest = [f"{n}={v}" for n, v in sorted(options.items()) if n != "api_key_env"]
+    if rest:
+        lines.append(("model options", " ".join(rest)))
+    if start.get("may_change"):
+        waived = " ".join(start["may_change"])
+        lines.append(("may change", f"{waived} (a DONE over them needs no person)"))
+    return lines
+
+def stricter_policy(policy):
+    """Each category's verdict: the default's, or POLICY's where that is stricter."""
+    return {
+        name: max(verdict, policy.get(name, verdict), key=VERDICTS.index)
+        for name, verdict in DEFAULT_POLICY.items()
+    }
+
+
+def under_defaults(start):
+    """START with what only a person may grant put back: a policy no looser than the
+    default, no key variable, no test files spared a person at the DONE."""
+    options = {n: v for n, v in start["model_options"].items() if n != "api_key_env"}
+    kept = {name: value for name, value in start.items() if name != "may_change"}
+    policy = stricter_policy(start["policy"])
+    return {**kept, "policy": policy, "model_options": options}
+
+class StrangersJournal(ValueError):
+    """A journal whose start event no kept copy vouches for: why not, and what it says
+    that a person must confirm before anything acts on it."""
+
+    def __init__(self, journal, why, start):
+        super().__init__(f"{journal}: {why}")
+        self.journal, self.why, self.start = journal, why, start
+
+    def said(self, confirm):
+        """The refusal, each claim on a line of its own, and CONFIRM: how a person takes
+        the journal as theirs, in a front end's words."""
+        lines = [f"{self.journal}: {self.why}; what it says, its writer chose:"]
+        lines += [f"  {name}: {text}" for name, text in claims(self.start)]
+        return "\n".join(lines + [f"if each line is yours: {confirm}"])
+
+    def __str__(self):
+        return self.said("pass trust_journal=True")
+
+def check_start(start, journal, confirmed=False):
+    """Refuse to go on from START, JOURNAL's start event, unless a kept copy vouches for
+    it or the person CONFIRMED it; keep a confirmed one, theirs from then on."""
+    why = vouch_problem(start)
+    if why and not confirmed:
+        raise StrangersJournal(journal, why, start)
+    if why:
+        keep_start(start)
 
 def journal_path(journal, root, run):
     """The absolute path for a new run's journal; refuses one that exists or lies in
     ROOT."""
+    if run_id_problem(run):
+        raise ValueError(f"cannot start a run named so: {run_id_problem(run)}")
+    if state_problem(root):
+        raise ValueError(state_problem(root))
     path = os.path.abspath(journal or os.path.join(runs_directory(), f"{run}.jsonl"))
     if os.path.lexists(path):
         raise ValueError(f"{path} already exists; a journal holds one run")
@@ -170,13 +342,17 @@ class Agent:
         keep_start(start)
         return cls(journal, on_event, on_retry, model=built)
 
-    def __init__(self, journal, on_event=None, on_retry=None, model=None):
-        """The run recorded in JOURNAL, taken up where it stopped."""
+    def __init__(
+        self, journal, on_event=None, on_retry=None, model=None, trust_journal=False
+    ):
+        """The run recorded in JOURNAL, taken up where it stopped; TRUST_JOURNAL: the person
+        takes what it says as theirs."""
         self.journal, self.on_event, self.on_retry = (
             os.path.abspath(journal),
             on_event,
             on_retry,
         )
+        self.trust_journal = trust_journal
         cut_torn_line(self.journal)
         self.load(model)
 
@@ -191,7 +367,9 @@ class Agent:
         goes_on = state.stop is None or state.stop["reason"] == "interrupted"
         if goes_on:
             # Before the agent becomes what a forged journal says.
-            check_start(start, self.journal)
+            if state_problem(start["root"]):
+                raise ValueError(f"{self.journal}: {state_problem(start['root'])}")
+            check_start(start, self.journal, self.trust_journal)
         self.events, self.state = events, state
         self.run_id, self.root, self.model_spec = (
             start["run"],
@@ -325,13 +503,15 @@ class Agent:
                 self.record(loop.stop("error", str(error)))
         return self.report([])
 
-    def fork(self, at, journal=None):
+    def fork(self, at, journal=None, trust_journal=False):
         """A new run that takes this one up as it stood before step AT, in a copy of its
         project."""
         from .branch import fork
     
         sync_journal(self.journal)
-        return Agent(fork(self.journal, at, journal)[0], self.on_event, self.on_retry)
+        trust = trust_journal or self.trust_journal
+        branch = fork(self.journal, at, journal, trust_journal=trust)[0]
+        return Agent(branch, self.on_event, self.on_retry)
 
     def resume(self):
         """Take up a run that was interrupted or cut short; refuses one that has

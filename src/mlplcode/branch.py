@@ -5,7 +5,16 @@ import json
 import os
 import shutil
 
-from .agent import journal_path, keep_start, new_run_id, runs_directory
+from .agent import (
+    StrangersJournal,
+    journal_path,
+    keep_start,
+    new_run_id,
+    runs_directory,
+    state_problem,
+    under_defaults,
+    vouch_problem,
+)
 from .journal import append_event, fold, read_events
 from .trust import inside
 
@@ -110,19 +119,25 @@ def restore(root, texts):
         with open(target, "w", encoding="utf-8", newline="") as file:
             file.write(text)
 
-def fork(journal, at, new_journal=None, root=None):
+def fork(journal, at, new_journal=None, root=None, trust_journal=False):
     """Branch the run in JOURNAL before its step AT: (the new journal, its root, steps
-    that ran tests). ROOT, when given, is the project to copy instead of the run's."""
+    that ran tests). ROOT, when given, is the project to copy instead of the run's;
+    TRUST_JOURNAL: the person takes JOURNAL as theirs."""
     with open(journal, "rb") as file:
         digest = hashlib.sha256(file.read()).hexdigest()
     events = read_events(journal)
     kept, state = events_before(events, at), fold(events)
+    why = "" if trust_journal else vouch_problem(state.start)
+    if why and root is None:
+        raise StrangersJournal(journal, why, state.start)
     root = root or state.start["root"]
     if not os.path.isdir(root):
         raise ValueError(
             f"{journal}: the run's project {root} is gone; name the project to branch"
             " from (mlplcode fork --root DIR)"
         )
+    if state_problem(root):
+        raise ValueError(f"{journal}: {state_problem(root)}")
     texts = {path: known_before(state, path, at) for path in changed_paths(state, at)}
     run = new_run_id()
     copy = os.path.join(
@@ -137,7 +152,7 @@ def fork(journal, at, new_journal=None, root=None):
     restore(copy, texts)
     os.makedirs(os.path.dirname(new_journal), exist_ok=True)
     after_start, start = kept[kept.index(state.start) + 1 :], {
-        **state.start,
+        **(under_defaults(state.start) if why else state.start),
         "run": run,
         "root": copy,
     }
@@ -153,7 +168,8 @@ def fork(journal, at, new_journal=None, root=None):
         *after_start,
     ]:
         append_event(new_journal, event)
-    keep_start(start)
+    if not why:
+        keep_start(start)
     return new_journal, copy, untold
 
 def untold_warning(untold):

@@ -2,6 +2,7 @@
 grammar, export and acp."""
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -143,10 +144,15 @@ def print_retry(line):
 
 def decider(args):
     """Who answers an ask: --yes, --no, the person at the terminal, or no one (a no)."""
+    from .policy import always
+
+    return always(args.yes) if args.yes or args.no else person()
+
+
+def person():
+    """The person at the terminal, or, without one on standard input, a constant no."""
     from .policy import always, terminal_decider
 
-    if args.yes or args.no:
-        return always(args.yes)
     return terminal_decider() if sys.stdin.isatty() else always(False)
 
 def replayed_decisions(events):
@@ -161,25 +167,35 @@ def replayed_decisions(events):
     )
     return lambda action: next(answers, (False, ""))
 
-def replay(journal, root, output=None):
+def replay(journal, root, output=None, trust_journal=False):
     """Drive a new run with a journal's replies and decisions; return (status, old
-    events, new events)."""
-    from .agent import Agent
+    events, new events). TRUST_JOURNAL: the person takes the journal as theirs."""
+    from .agent import Agent, under_defaults, vouch_problem
     from .journal import read_events
 
     recorded = read_events(journal)
     start = next(event for event in recorded if event["type"] == "start")
+    why = "" if trust_journal else vouch_problem(start)
+    settings = under_defaults(start) if why else start
+    if why:
+        print(
+            visible(
+                f"replay: {journal}: {why}; its policy holds only where it is stricter"
+                " than the default, and its asks are yours (--trust-journal takes its"
+                " answers)"
+            )
+        )
     agent = Agent.start(
         start["task"],
         root,
         "replay:" + journal,
         journal=output,
         budget=start["budget"],
-        policy=start["policy"],
-        model_options=start["model_options"],
+        policy=settings["policy"],
+        model_options=settings["model_options"],
         on_event=print_event,
     )
-    status = drive(agent, replayed_decisions(recorded))
+    status = drive(agent, person() if why else replayed_decisions(recorded))
     return status, recorded, agent.events
 
 def after_start(events):
@@ -189,7 +205,7 @@ def after_start(events):
 
 def command_replay(args):
     status, recorded, events = replay(
-        args.journal, existing_directory(args.root), args.output
+        args.journal, existing_directory(args.root), args.output, args.trust_journal
     )
     same = after_start(recorded) == after_start(events)
     print(
@@ -210,12 +226,31 @@ CLI_WORDS = {
 def command_resume(args):
     from .agent import Agent, AgentError
 
-    agent = Agent(args.journal, on_event=print_event, on_retry=print_retry)
+    with trusting(args):
+        agent = Agent(
+            args.journal,
+            on_event=print_event,
+            on_retry=print_retry,
+            trust_journal=args.trust_journal,
+        )
     try:
         agent.resume()
     except AgentError as error:
         raise ValueError(error.said(CLI_WORDS)) from None
     return drive(agent, decider(args))
+
+
+@contextlib.contextmanager
+def trusting(args, other=""):
+    """Say a StrangersJournal refusal in the command line's words: the flag that
+    confirms it, and OTHER, another way on."""
+    from .agent import StrangersJournal
+
+    try:
+        yield
+    except StrangersJournal as error:
+        again = f"run mlplcode {args.command} again with --trust-journal"
+        raise ValueError(visible(error.said(again + other))) from None
 
 def print_waiting(step):
     """Say which step of a run taken up waits for a decision, and for a DONE's ask,
@@ -229,13 +264,24 @@ def print_waiting(step):
         print(visible(f"step {step.number:>2}  waits: {headline(step.action)}"))
 
 def command_fork(args):
+    from .agent import vouch_problem
     from .branch import fork, untold_warning
+    from .journal import read_events
 
-    journal, root, untold = fork(args.journal, args.at, args.to, args.root)
+    with trusting(args, "; or name the project with --root DIR, for the defaults"):
+        journal, root, untold = fork(
+            args.journal, args.at, args.to, args.root, args.trust_journal
+        )
     print(f"branch: {journal}")
     print(f"root: {root} (a copy, with the files as they were before step {args.at})")
     if untold:
         print(untold_warning(untold))
+    if vouch_problem(read_events(journal)[1]):
+        print(
+            "warning: the parent is not a run this machine started, so neither is the"
+            " branch: its policy is no looser than the default, it has no key"
+            " variable, and resume shows its model and asks for --trust-journal"
+        )
     print(f"go on with: mlplcode resume {journal}")
     return 0
 
@@ -253,7 +299,9 @@ def command_demo(args):
             f"demo: replaying {os.path.relpath(journal)} on a fresh copy of"
             " examples/add"
         )
-        status, _, _ = replay(journal, root, os.path.join(scratch, "demo.jsonl"))
+        status, _, _ = replay(
+            journal, root, os.path.join(scratch, "demo.jsonl"), trust_journal=True
+        )
     return status
 
 def command_grammar(args):
@@ -397,6 +445,7 @@ def build_parser():
     replay_parser.add_argument(
         "--output", metavar="FILE", help="write the replay's events to FILE"
     )
+    add_trust(replay_parser)
     replay_parser.set_defaults(handler=command_replay)
     resume_parser = commands.add_parser(
         "resume",
@@ -405,6 +454,7 @@ def build_parser():
     )
     resume_parser.add_argument("journal", metavar="JOURNAL")
     add_answers(resume_parser)
+    add_trust(resume_parser)
     resume_parser.set_defaults(handler=command_resume)
     fork_parser = commands.add_parser(
         "fork",
@@ -433,6 +483,7 @@ def build_parser():
         metavar="DIR",
         help="the project to branch from (default: the run's own, where it was)",
     )
+    add_trust(fork_parser)
     fork_parser.set_defaults(handler=command_fork)
     demo_parser = commands.add_parser(
         "demo",
@@ -622,6 +673,15 @@ def add_answers(parser):
         action="store_true",
         help="decline every ask (the default without a terminal): a declined action"
         " ends the run, a declined DONE is refused and the run goes on",
+    )
+
+def add_trust(parser):
+    """--trust-journal, for the subcommands that read a journal."""
+    parser.add_argument(
+        "--trust-journal",
+        action="store_true",
+        help="take a journal this machine did not start as yours: its root, policy,"
+        " model, key variable and answers, which the refusal without it shows",
     )
 
 def seconds(text):

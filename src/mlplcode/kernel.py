@@ -12,7 +12,8 @@ from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel
 
 from . import __version__, cli
-from .agent import Agent, AgentError, runs_directory
+from .agent import Agent, AgentError, StrangersJournal, claims, runs_directory
+from .agent import vouch_problem
 from .journal import DEFAULT_BUDGET, fold, read_events, waiting_step
 from .models import GRAMMAR_CHOICES, SPEC_KINDS, ModelError, model_from_spec
 from .policy import DEFAULT_POLICY, merge_policy
@@ -67,7 +68,8 @@ COMMANDS = {
         "",
         (
             "carry out the action that waits for a decision (a DONE: accept it although"
-            " the tests as they were fail)"
+            " the tests as they were fail; a journal this machine did not start: take"
+            " it as yours)"
         ),
     ),
     "deny": (
@@ -75,7 +77,8 @@ COMMANDS = {
         (
             "decline the action that waits: with a REASON the model reads it and the"
             " run goes on; without one the run ends (denied), except at a DONE, which"
-            " is refused and the run goes on"
+            " is refused and the run goes on (a journal this machine did not start:"
+            " leave it)"
         ),
     ),
     "show": (
@@ -105,7 +108,8 @@ COMMANDS = {
         (
             "take up the run recorded in JOURNAL where it stopped; without JOURNAL,"
             " this kernel's run after an interrupt, or, in a kernel with no run yet,"
-            " the unfinished run last written in the runs directory"
+            " the unfinished run last written in the runs directory; a journal this"
+            " machine did not start is shown first, for %approve or %deny"
         ),
     ),
     "help": ("[COMMAND]", "list the commands, or explain one"),
@@ -221,6 +225,7 @@ class MlplcodeKernel(Kernel):
         }
         self.agent = None
         self.silent = False
+        self.confirming = None
 
     async def do_execute(
         self, code, silent, store_history=True, user_expressions=None, allow_stdin=False
@@ -230,6 +235,8 @@ class MlplcodeKernel(Kernel):
         previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             for name, argument in parse_cell(code):
+                if name not in ("approve", "deny", "show", "help"):
+                    self.confirming = None  # an ask of trust is answered next, or not
                 getattr(self, "command_" + name)(argument)
         except KeyboardInterrupt:
             if self.agent:
@@ -311,6 +318,12 @@ class MlplcodeKernel(Kernel):
             if kind == "step":
                 kind, view = "decision", decision_view(report.state.steps[number - 1])
             self.show(view, kind, number)
+
+    def ask_trust(self, error, then):
+        """Show what a journal that no kept copy vouches for says, and wait: %approve does
+        THEN, %deny drops it."""
+        self.confirming = then
+        self.show(trust_view(error), "ask")
 
     def command_root(self, argument):
         """%root DIR, or %root --copy DIR."""
@@ -401,9 +414,15 @@ class MlplcodeKernel(Kernel):
 
     def command_approve(self, argument):
         self.no_argument("approve", argument)
+        if self.confirming:
+            then, self.confirming = self.confirming, None
+            return then()
         self.show_decision(self.current().approve())
 
     def command_deny(self, argument):
+        if self.confirming:
+            self.confirming = None
+            return self.say("the journal is left as it is; nothing was taken from it")
         self.show_decision(self.current().deny(argument))
 
     def command_note(self, text):
@@ -419,10 +438,14 @@ class MlplcodeKernel(Kernel):
             " console closes now, a notebook from its own menu"
         )
 
-    def command_fork(self, argument):
+    def command_fork(self, argument, trust_journal=False):
         from .branch import untold_warning
     
-        self.agent = self.current().fork(positive(argument, "%fork N"))
+        at = positive(argument, "%fork N")
+        try:
+            self.agent = self.current().fork(at, trust_journal=trust_journal)
+        except StrangersJournal as error:
+            return self.ask_trust(error, lambda: self.command_fork(argument, True))
         self.show(self.state_view(), "state")
         if self.agent.state.branch["untold"]:
             self.warn(untold_warning(self.agent.state.branch["untold"]))
@@ -438,11 +461,16 @@ class MlplcodeKernel(Kernel):
         if argument:
             raise UsageError(f"%{name} takes no argument")
 
-    def command_resume(self, argument):
-        if argument:
-            self.agent = Agent(argument, on_retry=self.warn)
-        elif self.agent is None:
-            self.agent = Agent(unfinished_journal(runs_directory()), on_retry=self.warn)
+    def command_resume(self, argument, trust_journal=False):
+        try:
+            if argument:
+                self.agent = Agent(
+                    argument, on_retry=self.warn, trust_journal=trust_journal
+                )
+            elif self.agent is None:
+                self.agent = Agent(unfinished_journal(runs_directory()), on_retry=self.warn)
+        except StrangersJournal as error:
+            return self.ask_trust(error, lambda: self.command_resume(argument, True))
         if goes_on(self.agent.state):
             self.agent.resume()
         self.show(self.state_view(), "state")
@@ -558,6 +586,20 @@ class MlplcodeKernel(Kernel):
             return {"status": "incomplete", "indent": ""}
         return {"status": "complete"}
 
+def trust_view(error):
+    """The ask of a journal this machine did not start: why, and what it says."""
+    return [
+        ("title", "", "a journal this machine did not start"),
+        ("line", "journal", error.journal),
+        ("line", "why", error.why),
+        *[("line", name, text) for name, text in claims(error.start)],
+        (
+            "line",
+            "next",
+            "%approve takes it as yours, with each line above; %deny leaves it",
+        ),
+    ]
+
 def decision_view(step):
     """A decided step: its title, its verdict with the human's decision, and its
     observation."""
@@ -661,17 +703,19 @@ def run_summary(journal, state):
             f"stop: {how}",
             f"journal: {journal}",
         ]
+        + (["started here: no (%resume asks first)"] if vouch_problem(start) else [])
     )
 
 
 def unfinished_journal(directory):
     """The journal of the unfinished run last written in DIRECTORY whose project is
-    still there."""
+    still there, and which is the person's own."""
     for journal, state in runs_on_disk(directory):
         if (
             not isinstance(state, str)
             and goes_on(state)
             and os.path.isdir(state.start["root"])
+            and not vouch_problem(state.start)
         ):
             return journal
     raise UsageError(

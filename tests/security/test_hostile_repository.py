@@ -189,7 +189,11 @@ def test_the_command_line_refuses_to_resume_a_forged_journal(project, tmp_path, 
     journal = waiting_run(project, tmp_path)
     forge(journal, root=elsewhere, policy=LOOSE)
     assert main(["resume", journal, "--yes"]) == 2
-    assert "policy, root changed since); refusing to take it up" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "(policy, root changed since); what it says, its writer chose:" in err
+    assert f"  root: {elsewhere} (its tools write there" in err
+    assert "  policy: write=allow interpreter=allow git=allow (looser than the default)" in err
+    assert err.endswith("if each line is yours: run mlplcode resume again with --trust-journal\n")
     assert (tmp_path / "elsewhere" / "notes.txt").exists() is False
 
 
@@ -206,8 +210,13 @@ def test_the_kernel_keeps_its_journal_outside_and_refuses_a_forged_one(project, 
     forge(journal, policy=LOOSE)
     manager, client = start_new_kernel(kernel_name="mlplcode", cwd=project)  # started in the project
     try:
-        reply = client.execute_interactive(f"%resume {journal}", timeout=HANG)["content"]
-        assert reply["status"] == "error" and "policy changed since" in reply["evalue"]
+        asked = []
+        reply = client.execute_interactive(f"%resume {journal}", timeout=HANG, output_hook=asked.append)
+        asked = [m["content"]["data"]["text/plain"] for m in asked if "data" in m.get("content", {})]
+        assert reply["content"]["status"] == "ok" and "why: its start event is not the one" in asked[0]
+        assert "policy changed since" in asked[0] and "%approve takes it as yours" in asked[0]
+        reply = client.execute_interactive("%deny\n%step", timeout=HANG)["content"]
+        assert reply["status"] == "error" and reply["evalue"].startswith("no run yet")
         script = tmp_path / "kernel.json"
         script.write_text(json.dumps(REPLIES))
         shown = []
@@ -234,8 +243,10 @@ def test_an_org_babel_block_refuses_a_forged_journal(project, tmp_path):
                               timeout=HANG)
     try:
         done = bridge("--kernel", "mlplcode", block=f"%resume {journal}\n")
-        assert done.returncode == 1, done.stderr
-        assert "policy changed since); refusing to take it up" in done.stdout
+        assert done.returncode == 0, done.stderr  # an ask, which the next block answers
+        assert "policy changed since" in done.stdout and "%approve takes it as yours" in done.stdout
+        done = bridge("--kernel", "mlplcode", block="%step\n")
+        assert done.returncode == 1 and "no run yet" in done.stdout
     finally:
         bridge("--stop")
 
