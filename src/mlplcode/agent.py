@@ -337,9 +337,9 @@ class Agent:
             start["may_change"] = sorted({os.path.normpath(path) for path in may_change})
         if start_problem(start):
             raise ValueError(f"cannot start this run: {start_problem(start)}")
+        keep_start(start)  # first: a starts directory that refuses it leaves no journal behind
         os.makedirs(os.path.dirname(journal), exist_ok=True)
         append_event(journal, start)
-        keep_start(start)
         return cls(journal, on_event, on_retry, model=built)
 
     def __init__(
