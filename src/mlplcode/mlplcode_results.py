@@ -1,0 +1,193 @@
+"""mlplcode's pytest plugin: the outcome of each test and of the canaries, signed with a
+key that only this plugin was given, written where no printing or exiting reaches."""
+
+import hashlib
+import hmac
+import json
+import os
+import unittest
+from pathlib import Path
+
+import pytest
+from _pytest.runner import runtestprotocol
+
+CHANNEL = "MLPLCODE_RESULTS"
+
+
+def open_channel():
+    """The key and the record's descriptor the agent gave this process, or (None, None):
+    the variable that names them removed, the key's pipe read to its end and closed."""
+    words = os.environ.pop(CHANNEL, "")
+    if not words:
+        return None, None
+    key_descriptor, record_descriptor = (int(word) for word in words.split(":"))
+    with os.fdopen(key_descriptor, "rb") as pipe:
+        key = pipe.read()
+    os.set_inheritable(record_descriptor, False)
+    return key, record_descriptor
+
+
+KEY, RECORD = open_channel()
+
+REPORTS = {}
+COLLECTED = {}
+SESSION = {"items": [], "finished": False}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Note each report of a test as pytest's own plugins made it; a plugin or conftest
+    loaded later wraps this hook, and what it changes on the way out is not noted."""
+    report = yield
+    REPORTS.setdefault(item, []).append(
+        (report.when, report.outcome, hasattr(report, "wasxfail"))
+    )
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """Note whether each collector, a test module above all, collected or failed."""
+    report = yield
+    COLLECTED[collector] = report.outcome
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session):
+    """Note the tests the loop is given; after it has run them, run the canaries, and
+    note that the loop got to its end."""
+    SESSION["items"] = list(session.items)
+    result = yield
+    run_canaries(session)
+    SESSION["finished"] = True
+    return result
+
+def outcome_of(reports):
+    """A test's outcome from its REPORTS, (when, outcome, xfail) each: failed, error,
+    skipped, xfailed, xpassed or passed; unreported when it never ran."""
+    by_stage = {when: (outcome, xfail) for when, outcome, xfail in reports}
+    if any(outcome == "failed" for outcome, _ in by_stage.values()):
+        return "failed" if by_stage.get("call", ("",))[0] == "failed" else "error"
+    if "call" not in by_stage:
+        skipped = by_stage.get("setup", ("",))[0] == "skipped"
+        return "skipped" if skipped else "unreported"
+    outcome, xfail = by_stage["call"]
+    if outcome == "skipped":
+        return "xfailed" if xfail else "skipped"
+    return "xpassed" if xfail else "passed"
+
+CANARIES = []
+
+
+def canary():
+    raise AssertionError("mlplcode's canary: a test that must fail")
+
+
+class UnittestCanary(unittest.TestCase):
+    def test_canary(self):
+        self.fail("mlplcode's canary: a TestCase that must fail")
+
+
+class CollectorCanary(pytest.Collector):
+    def collect(self):
+        raise AssertionError("mlplcode's canary: a collector that must fail")
+
+def places(session):
+    """The modules the canaries are made in: the first of each directory whose tests the
+    loop was given, or, when it was given none, this file as a module."""
+    modules = {}
+    for item in SESSION["items"]:
+        module = item.getparent(pytest.Module)
+        if module is not None:
+            modules.setdefault(module.path.parent, module)
+    return list(modules.values()) or [
+        pytest.Module.from_parent(session, path=Path(__file__))
+    ]
+
+
+def make_canaries(module):
+    """The canaries of MODULE, [(kind, node)]; the TestCase's node is None when a loaded
+    unittest plugin did not collect it."""
+    name = "mlplcode_canary"
+    function = pytest.Function.from_parent(module, name=name, callobj=canary)
+    made = [("function", function)]
+    if module.config.pluginmanager.has_plugin("unittest"):
+        case = module.ihook.pytest_pycollect_makeitem(
+            collector=module, name=name, obj=UnittestCanary
+        )
+        if isinstance(case, pytest.Class):
+            case.obj = UnittestCanary  # the module has no attribute of that name
+        nodes = case.collect() if isinstance(case, pytest.Class) else []
+        made.append(("unittest", next(iter(nodes), None)))
+    return made + [("collector", CollectorCanary.from_parent(module, name=name))]
+
+def run_canaries(session):
+    """Make the canaries and run each as pytest runs a test or collects a module, its
+    reports noted but not logged; keep them in CANARIES, (kind, module, node) each."""
+    for module in places(session):
+        CANARIES.extend((kind, module, node) for kind, node in make_canaries(module))
+    tests = [node for kind, _, node in CANARIES if kind != "collector" and node]
+    for index, item in enumerate(tests):
+        following = tests[index + 1] if index + 1 < len(tests) else None
+        runtestprotocol(item, log=False, nextitem=following)
+    for kind, _, node in CANARIES:
+        if kind == "collector":
+            node.ihook.pytest_make_collect_report(collector=node)
+
+NAMES_KEPT = 10
+NAME_CHARACTERS = 300
+
+
+def place(module):
+    """Where the canaries of MODULE ran, as the record names it: the module's node id,
+    or "" for this file, which lies outside the project."""
+    return "" if module.path == Path(__file__) else module.nodeid[:NAME_CHARACTERS]
+
+
+def canary_outcome(kind, node):
+    """What became of a canary of KIND: its outcome, or that it was never collected."""
+    if node is None:
+        return "not collected"
+    if kind == "collector":
+        return COLLECTED.get(node, "not collected")
+    return outcome_of(REPORTS.get(node, []))
+
+
+def record():
+    """What the session did: whether its loop ended, how many tests had each outcome,
+    the first failures' names, and each canary's outcome, where it ran."""
+    counts, failures = {}, []
+    canaries = {id(node) for _, _, node in CANARIES}
+    errors = [
+        collector.nodeid
+        for collector, outcome in COLLECTED.items()
+        if outcome == "failed" and id(collector) not in canaries
+    ]
+    outcomes = [
+        (item.nodeid, outcome_of(REPORTS.get(item, []))) for item in SESSION["items"]
+    ]
+    for name, outcome in [(name, "error") for name in errors] + outcomes:
+        counts[outcome] = counts.get(outcome, 0) + 1
+        if outcome in ("failed", "error") and len(failures) < NAMES_KEPT:
+            failures.append(name[:NAME_CHARACTERS])
+    return {
+        "finished": SESSION["finished"],
+        "counts": counts,
+        "failures": failures,
+        "canaries": [
+            [kind, place(module), canary_outcome(kind, node)]
+            for kind, module, node in CANARIES
+        ],
+    }
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    """Write the record, signed with the key, to the agent's descriptor: one line, the
+    tag first."""
+    if KEY is None:
+        return
+    payload = json.dumps(record(), sort_keys=True).encode()
+    tag = hmac.new(KEY, payload, hashlib.sha256).hexdigest().encode()
+    os.write(RECORD, tag + b" " + payload + b"\n")
