@@ -78,28 +78,47 @@ def outcome_of(reports):
     return "xpassed" if xfail else "passed"
 
 CANARIES = []
+CANARY_SOURCE = """import unittest
 
 
-def canary():
-    raise AssertionError("mlplcode's canary: a test that must fail")
+def {function}():
+    assert False, "a test that must fail"
 
 
-class UnittestCanary(unittest.TestCase):
-    def test_canary(self):
-        self.fail("mlplcode's canary: a TestCase that must fail")
+class {case}(unittest.TestCase):
+    def {method}(self):
+        self.fail("a test that must fail")
+"""
 
 
 class CollectorCanary(pytest.Collector):
     def collect(self):
-        raise AssertionError("mlplcode's canary: a collector that must fail")
+        raise AssertionError("a collector that must fail")
 
-def places(session):
-    """The modules the canaries are made in: the first of each directory whose tests the
-    loop was given, or, when it was given none, this file as a module."""
+
+def canary_code(module):
+    """A canary function and TestCase for MODULE, under test names drawn at random,
+    compiled as code of the module's file and name."""
+    prefixes = {"function": "test_", "case": "Test", "method": "test_"}
+    names = {key: prefix + os.urandom(6).hex() for key, prefix in prefixes.items()}
+    code = compile(CANARY_SOURCE.format(**names), str(module.path), "exec")
+    namespace = {"__name__": module.obj.__name__}
+    exec(code, namespace)
+    return namespace[names["function"]], namespace[names["case"]]
+
+EXCUSING_MARKS = ("skip", "skipif", "xfail")
+
+
+def places(session, items):
+    """The modules the canaries are made in: the first of each directory among ITEMS,
+    the tests collected, that is not marked as a whole to skip or to fail; or, when
+    there is none, this file as a module."""
     modules = {}
-    for item in SESSION["items"]:
+    for item in items:
         module = item.getparent(pytest.Module)
-        if module is not None:
+        if module is not None and not any(
+            mark.name in EXCUSING_MARKS for mark in module.iter_markers()
+        ):
             modules.setdefault(module.path.parent, module)
     return list(modules.values()) or [
         pytest.Module.from_parent(session, path=Path(__file__))
@@ -109,25 +128,50 @@ def places(session):
 def make_canaries(module):
     """The canaries of MODULE, [(kind, node)]; the TestCase's node is None when a loaded
     unittest plugin did not collect it."""
-    name = "mlplcode_canary"
-    function = pytest.Function.from_parent(module, name=name, callobj=canary)
-    made = [("function", function)]
+    function, case_class = canary_code(module)
+    name = function.__name__
+    item = pytest.Function.from_parent(module, name=name, callobj=function)
+    made = [("function", item)]
     if module.config.pluginmanager.has_plugin("unittest"):
         case = module.ihook.pytest_pycollect_makeitem(
-            collector=module, name=name, obj=UnittestCanary
+            collector=module, name=case_class.__name__, obj=case_class
         )
         if isinstance(case, pytest.Class):
-            case.obj = UnittestCanary  # the module has no attribute of that name
+            case.obj = case_class  # the module has no attribute of that name
         nodes = case.collect() if isinstance(case, pytest.Class) else []
         made.append(("unittest", next(iter(nodes), None)))
-    return made + [("collector", CollectorCanary.from_parent(module, name=name))]
+    return made + [("collector", CollectorCanary.from_parent(module, name=name + "_"))]
+
+REMOVED = set()
+
+
+def canary_tests():
+    """The canaries that are tests, not collectors, in the order they were made."""
+    return [node for kind, _, node in CANARIES if kind != "collector" and node]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(session, items):
+    """Make the canaries, and put those that are tests among the tests collected, before
+    any other plugin or conftest chooses or marks them."""
+    for module in places(session, items):
+        CANARIES.extend((kind, module, node) for kind, node in make_canaries(module))
+    items.extend(canary_tests())
+    return (yield)
+
+
+@pytest.hookimpl(specname="pytest_collection_modifyitems")
+def pytest_take_the_canaries_back(items):
+    """Take the canaries out of the tests again, after the plugins and conftests loaded
+    later than this one, before pytest's own; note any that is missing."""
+    canaries = {id(node) for node in canary_tests()}
+    REMOVED.update(canaries - {id(item) for item in items})
+    items[:] = [item for item in items if id(item) not in canaries]
 
 def run_canaries(session):
-    """Make the canaries and run each as pytest runs a test or collects a module, its
-    reports noted but not logged; keep them in CANARIES, (kind, module, node) each."""
-    for module in places(session):
-        CANARIES.extend((kind, module, node) for kind, node in make_canaries(module))
-    tests = [node for kind, _, node in CANARIES if kind != "collector" and node]
+    """Run each canary that was not removed as pytest runs a test or collects a module,
+    its reports noted but not logged."""
+    tests = [node for node in canary_tests() if id(node) not in REMOVED]
     for index, item in enumerate(tests):
         following = tests[index + 1] if index + 1 < len(tests) else None
         runtestprotocol(item, log=False, nextitem=following)
@@ -146,9 +190,12 @@ def place(module):
 
 
 def canary_outcome(kind, node):
-    """What became of a canary of KIND: its outcome, or that it was never collected."""
+    """What became of a canary of KIND: its outcome, or that it was never collected or
+    was removed from the tests."""
     if node is None:
         return "not collected"
+    if id(node) in REMOVED:
+        return "removed from the tests"
     if kind == "collector":
         return COLLECTED.get(node, "not collected")
     return outcome_of(REPORTS.get(node, []))
@@ -159,15 +206,15 @@ def record():
     the first failures' names, and each canary's outcome, where it ran."""
     counts, failures = {}, []
     canaries = {id(node) for _, _, node in CANARIES}
-    errors = [
-        collector.nodeid
-        for collector, outcome in COLLECTED.items()
-        if outcome == "failed" and id(collector) not in canaries
-    ]
     outcomes = [
+        (collector.nodeid, "error" if outcome == "failed" else "skipped")
+        for collector, outcome in COLLECTED.items()
+        if outcome != "passed" and id(collector) not in canaries
+    ]
+    outcomes += [
         (item.nodeid, outcome_of(REPORTS.get(item, []))) for item in SESSION["items"]
     ]
-    for name, outcome in [(name, "error") for name in errors] + outcomes:
+    for name, outcome in outcomes:
         counts[outcome] = counts.get(outcome, 0) + 1
         if outcome in ("failed", "error") and len(failures) < NAMES_KEPT:
             failures.append(name[:NAME_CHARACTERS])
