@@ -681,8 +681,8 @@ def test_a_record_is_read_only_when_its_tag_is_this_runs(tmp_path):
                    tag + b" " + payload):                                        # cut short
         assert read(forged) == run_module.NOT_SIGNED
     for odd in ({**RECORD, "counts": {"passed": "2"}}, {**RECORD, "canaries": [["function", "failed"]]},
-                {**RECORD, "finished": 1}, [RECORD]):
-        odd = json.dumps(odd).encode()
+                {**RECORD, "finished": 1}, [RECORD], "[" * 100000, "{not json"):
+        odd = (odd if isinstance(odd, str) else json.dumps(odd)).encode()
         assert read(hmac.new(key, odd, hashlib.sha256).hexdigest().encode() + b" " + odd + b"\n") == (
             run_module.NOT_SIGNED)
 

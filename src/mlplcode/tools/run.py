@@ -360,7 +360,10 @@ def read_record(descriptor: int, key: bytes) -> dict | str:
     expected = hmac.new(key, payload, hashlib.sha256).hexdigest().encode()
     if data.count(b"\n") != 1 or not hmac.compare_digest(tag, expected):
         return NOT_SIGNED
-    record = json.loads(payload)
+    try:
+        record = json.loads(payload)
+    except (ValueError, RecursionError):
+        return NOT_SIGNED
     return record if well_formed(record) else NOT_SIGNED
 
 def well_formed(record) -> bool:
