@@ -355,6 +355,9 @@ def test_what_the_agent_left_cannot_sway_the_check(tmp_path):
     assert [outcome["passed"] for outcome in outcomes.values()] == [False, False, False, True]
     assert all(outcome["sandboxed"] for outcome in outcomes.values())
     assert outcomes["exit"]["exit_code"] == 0  # a pass as exit codes go, but no test was counted
+    assert outcomes["exit"]["results"] == (
+        "results: none (pytest did not finish its session: an exit, a crash or a deadline)")
+    assert outcomes["done right, with the same files"]["results"] == "results: 1 passed"
 
 
 def test_laying_the_check_over_the_project_follows_no_link(tmp_path):

@@ -627,6 +627,16 @@ def test_the_plugin_counts_every_outcome_as_pytest_does(project, mode):
     assert broken["results"]["failures"] == ["test_broken.py"]
 
 
+def test_a_configuration_that_asks_for_xdist_workers_runs_the_tests_here(project, mode):
+    """The plugin counts only the tests of its own process: -n in addopts is set back to none."""
+    pytest.importorskip("xdist", reason="pytest-xdist is not installed: -n NOT checked")
+    write_test(project, "def test_ok():\n    assert True\n")
+    (project / "pytest.ini").write_text("[pytest]\naddopts = -n 2\n")
+    result = act(project, "run", command="pytest -q test_it.py")
+    assert result["passed"] is True and result["text"].splitlines()[1] == "results: 1 passed"
+    assert "bringing up nodes" not in result["text"]
+
+
 CANARIES = [["function", "test_it.py", "failed"], ["unittest", "test_it.py", "failed"],
             ["collector", "test_it.py", "failed"]]
 RECORD = {"finished": True, "counts": {"passed": 2}, "failures": [], "canaries": CANARIES}

@@ -29,6 +29,13 @@ def open_channel():
 
 KEY, RECORD = open_channel()
 
+def pytest_cmdline_main(config):
+    """Keep the tests in this process: no workers of pytest-xdist, whose tests the
+    record could not count."""
+    option = config.option
+    if getattr(option, "numprocesses", None) or getattr(option, "tx", None):
+        option.numprocesses, option.dist, option.tx = 0, "no", []
+
 REPORTS = {}
 COLLECTED = {}
 SESSION = {"items": [], "finished": False}
