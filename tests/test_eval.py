@@ -14,6 +14,7 @@ from mlplcode.eval import (CHECK, beside, check_passed, hidden_check, lay_over, 
 from mlplcode.grammar import grammar_text
 from mlplcode.journal import fold, read_events
 from mlplcode.prompt import build_context
+from mlplcode.tools.run import NO_RECORD, judge_results
 
 from conftest import require_tool, start_event
 
@@ -355,6 +356,9 @@ def test_what_the_agent_left_cannot_sway_the_check(tmp_path):
     assert [outcome["passed"] for outcome in outcomes.values()] == [False, False, False, True]
     assert all(outcome["sandboxed"] for outcome in outcomes.values())
     assert outcomes["exit"]["exit_code"] == 0  # a pass as exit codes go, but no test was counted
+    assert outcomes["exit"]["results"] == (
+        "results: none (pytest did not finish its session: an exit, a crash or a deadline)")
+    assert outcomes["done right, with the same files"]["results"] == "results: 1 passed"
 
 
 def test_laying_the_check_over_the_project_follows_no_link(tmp_path):
@@ -371,12 +375,19 @@ def test_laying_the_check_over_the_project_follows_no_link(tmp_path):
         assert file.read() == "B = 2\n"
 
 
-def test_a_check_passes_only_when_pytest_counted_passed_tests():
-    assert check_passed(0, ".\n3 passed")
-    assert not check_passed(0, "")  # the process ended before pytest said anything
-    assert not check_passed(0, "collected 0 items")
-    assert not check_passed(0, "1 failed, 2 passed")
-    assert not check_passed(1, "1 failed")
+def test_a_check_passes_only_when_the_plugin_counted_passed_tests():
+    canaries = [["function", "test_hidden.py", "failed"], ["collector", "test_hidden.py", "failed"]]
+
+    def judged(exit_code, counts, finished=True):
+        record = {"finished": finished, "counts": counts, "failures": [], "canaries": canaries}
+        return judge_results(exit_code, record, [])
+
+    assert check_passed(judged(0, {"passed": 3}))
+    assert not check_passed(judge_results(0, NO_RECORD, []))  # the process ended before the session did
+    assert not check_passed(judged(0, {"skipped": 2}))  # a RUN would pass, and no test passed
+    assert not check_passed(judged(0, {"failed": 1, "passed": 2}))
+    assert not check_passed(judged(1, {"passed": 3}))
+    assert not check_passed(judged(0, {"passed": 3}, finished=False))
 
 
 def test_a_secret_never_reaches_the_journal_and_changes_beside_the_project_are_found(tmp_path):

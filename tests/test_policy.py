@@ -111,15 +111,16 @@ def test_always():
 
 @pytest.mark.parametrize("path", ["conftest.py", "tests/conftest.py", "pytest.ini", "pyproject.toml",
                                   "setup.cfg", "tox.ini", "PYTEST.INI", "pytest.toml", ".pytest.toml",
-                                  ".pytest.ini"])
+                                  ".pytest.ini", "__init__.py", "./__init__.py", "sub/../__init__.py"])
 def test_preview_flags_test_configuration_as_code(path):
     shown = preview({"tool": "write", "path": path, "content": "x\n"})
     assert shown.splitlines()[0].startswith("WARNING: ")
     assert "is code that RUN executes" in shown.splitlines()[0]
 
 
-def test_preview_of_an_ordinary_file_has_no_warning():
-    assert preview(WRITE) == "WRITE calc.py\nx = 1\nEND"
+@pytest.mark.parametrize("path", ["calc.py", "pkg/__init__.py"])
+def test_preview_of_an_ordinary_file_has_no_warning(path):
+    assert preview({**WRITE, "path": path}) == f"WRITE {path}\nx = 1\nEND"
 
 
 def test_preview_shows_the_argv_that_runs():

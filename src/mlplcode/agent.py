@@ -337,7 +337,7 @@ class Agent:
             start["may_change"] = sorted({os.path.normpath(path) for path in may_change})
         if start_problem(start):
             raise ValueError(f"cannot start this run: {start_problem(start)}")
-        keep_start(start)  # first: a starts directory that refuses it leaves no journal behind
+        keep_start(start)  # first: if the starts directory refuses it, no journal is left
         os.makedirs(os.path.dirname(journal), exist_ok=True)
         append_event(journal, start)
         return cls(journal, on_event, on_retry, model=built)

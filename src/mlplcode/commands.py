@@ -165,6 +165,7 @@ def classify_command(command: str) -> str:
     refused."""
     return "shell" if command_refusal(command) else parse_command(command)[0]
 
+RESULTS_PLUGIN = ("-p", "mlplcode_results")
 GIT_HARDENING = (
     "--no-pager",
     "-c",
@@ -183,11 +184,12 @@ GIT_HARDENING = (
 def program_argv(
     kind: str, argv: list[str], paths: list[str], programs: dict
 ) -> list[str]:
-    """Give the argv actually started: pytest under the agent's own Python, git hardened
-    and limited to the root, each program by the path PROGRAMS holds for it."""
+    """Give the argv actually started: pytest under the agent's own Python with the
+    plugin that records its results, git hardened and limited to the root, each
+    program by the path PROGRAMS holds for it."""
     if kind == "run":
         arguments = argv[1:] if argv[0] == "pytest" else argv[3:]
-        return [programs["python"], "-P", "-m", "pytest", *arguments]
+        return [programs["python"], "-P", "-m", "pytest", *RESULTS_PLUGIN, *arguments]
     subcommand, arguments = argv[1], argv[2:]
     safety = (
         ["--no-ext-diff", "--no-textconv", "--relative"] if subcommand == "diff" else []

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from . import __version__
 from .agent import Agent
-from .commands import command_refusal, parse_command
+from .commands import RESULTS_PLUGIN, command_refusal, parse_command
 from .journal import DEFAULT_BUDGET, State, apply, fold
 from .models import model_from_spec
 from .policy import DEFAULT_POLICY, always, merge_policy
@@ -28,7 +28,7 @@ from .prompt import Rendered, build_context
 from .protocol import headline
 from .tools.paths import DRIVE, denial_reason, ignore_rules
 from .tools.project import NO_RULES, find_secret_files, open_project, planted_secrets
-from .tools.run import protected_paths, pytest_passed, run_process, show_output, survey
+from .tools.run import git_settings, protected_paths, run_tests, show_output, survey
 from .tools.write import AGENT_FILES
 from .trust import visible
 from .verify import real_directories, remove
@@ -290,6 +290,7 @@ def check_argv(root, tests):
         "-P",
         "-m",
         "pytest",
+        *RESULTS_PLUGIN,
         "-q",
         "-p",
         "no:cacheprovider",
@@ -303,16 +304,10 @@ def check_argv(root, tests):
         *(os.path.join(root, test) for test in tests),
     ]
 
-PASSED_SUMMARY = re.compile(r"\b\d+ passed\b")
-
-
-def check_passed(exit_code, output):
-    """Whether a check passed: as a RUN passes, and its last line counts passed
-    tests."""
-    lines = output.strip().splitlines()
-    return pytest_passed(exit_code, output) and bool(
-        lines and PASSED_SUMMARY.search(lines[-1])
-    )
+def check_passed(results):
+    """Whether a check passed, judged from the plugin's record: as a RUN passes, with
+    a passed test among its tests."""
+    return results["passed"] and bool(results["results"]["passed"])
 
 def hidden_check(data, root, unpacked):
     """Lay the check over the project as the agent left it, and run its tests in the
@@ -332,11 +327,11 @@ def hidden_check(data, root, unpacked):
     masked, metadata = survey(
         project.root, ignore_rules(project, ".mlplcodeignore"), project.secret_files
     )
-    result = run_process(
+    result = run_tests(
         check_argv(project.root, check_tests(unpacked)),
         project,
         protected_paths(project.root, metadata),
-        masked,
+        masked + git_settings(metadata),
         {},
     )
     if result is None:
@@ -346,12 +341,12 @@ def hidden_check(data, root, unpacked):
             "sandboxed": sandboxed,
             "output": "timed out",
         }
-    output = show_output(result[1], project.root)
     return {
-        "passed": check_passed(result[0], output),
+        "passed": check_passed(result[2]),
         "exit_code": result[0],
         "sandboxed": sandboxed,
-        "output": output,
+        "results": result[2]["line"],
+        "output": show_output(result[1], project.root),
     }
 
 CHARACTERS_PER_TOKEN = 4

@@ -2,6 +2,7 @@
 
 import difflib
 import json
+import os
 
 from .commands import classify_command, parse_command, program_argv
 from .protocol import format_action
@@ -92,9 +93,22 @@ TEST_CONFIGURATION = (
     "tox.ini",
     "setup.cfg",
 )
+# A file that is test configuration at the root alone: an __init__.py there makes the
+# root a package, which pytest imports before each test module and conftest.py in it.
+ROOT_TEST_CONFIGURATION = ("__init__.py",)
 # How the preview names the programs a RUN starts; RUN starts them by their absolute
 # paths.
 PROGRAM_NAMES = {"python": "python", "git": "git"}
+
+
+def test_configuration(path):
+    """Whether PATH, relative to the root, is a file that pytest obeys or runs as
+    configuration: a name of TEST_CONFIGURATION anywhere, or a root __init__.py."""
+    normal = os.path.normpath(path).replace(os.sep, "/").casefold()
+    *directories, name = normal.split("/")
+    return name in TEST_CONFIGURATION or (
+        not directories and name in ROOT_TEST_CONFIGURATION
+    )
 
 
 def warning(action):
@@ -107,7 +121,7 @@ def warning(action):
                 " this machine and outside the sandbox: approve it as you would a"
                 " program\n"
             )
-        if name in TEST_CONFIGURATION:
+        if test_configuration(action["path"]):
             return (
                 f"WARNING: {name} is code that RUN executes: approve it as you would a"
                 " program\n"

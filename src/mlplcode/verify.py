@@ -5,16 +5,16 @@ import difflib
 import fnmatch
 import hashlib
 import os
-import re
 import shutil
 import stat
 import tempfile
 from dataclasses import replace
 
 from .commands import PYTEST_PREFIXES, parse_command
-from .policy import TEST_CONFIGURATION
+from .policy import test_configuration
 from .tools.paths import ignore_rules, is_secret_name
 from .tools.project import open_project
+from .tools.run import counted
 from .trust import inside, redact
 from .verbs import execute
 
@@ -61,12 +61,12 @@ TEST_DIRECTORIES = ("test", "tests")
 def decides_tests(path):
     """Whether the file at PATH (relative to the root, with /) decides what the tests
     check:
-    pytest's configuration, a conftest.py, a test module, or anything in a test
-    directory.
+    pytest's configuration, a conftest.py or a root __init__.py, a test module, or
+    anything in a test directory.
     """
     *directories, name = path.casefold().split("/")
     return (
-        name in TEST_CONFIGURATION
+        test_configuration(path)
         or any(fnmatch.fnmatchcase(name, pattern) for pattern in TEST_MODULES)
         or any(directory in TEST_DIRECTORIES for directory in directories)
     )
@@ -213,14 +213,12 @@ def changed_files(state, root):
     return changed
 
 SELECTING_OPTIONS = ("-k", "-m", "--lf", "--last-failed")
-PASSED_SUMMARY = re.compile(r"\b\d+ passed\b")
 
 
-def summary(text):
-    """The last line that a test run printed: its observation's TEXT after the exit-code
-    line."""
-    lines = text.partition("\n")[2].strip().splitlines()
-    return lines[-1] if lines else ""
+def passed_tests(observation):
+    """How many tests passed in a test run, by the plugin's count in its OBSERVATION; 0
+    when the count is not there or was not believed."""
+    return (observation.get("results") or {}).get("passed", 0)
 
 
 def partial_run(step):
@@ -238,11 +236,8 @@ def partial_run(step):
         or any(os.path.normpath(path) != "." for path in paths)
     ):
         return f"its last test run chose a part of the tests ({command})"
-    if not PASSED_SUMMARY.search(summary(step.observation["text"])):
-        return (
-            "its last test run ended without pytest's summary of what passed"
-            f" ({command})"
-        )
+    if not passed_tests(step.observation):
+        return f"its last test run counted no passed test ({command})"
     return ""
 
 def printable_name(name):
@@ -458,27 +453,20 @@ def run_starting_tests(project, changed):
         return execute({"tool": "run", "command": STARTING_COMMAND}, copied)
 
 def passed_as_they_were(result):
-    """Whether the run of the starting tests passed, and said so in pytest's summary."""
-    return bool(result.get("passed")) and bool(
-        PASSED_SUMMARY.search(summary(result["text"]))
-    )
-
-FAILED_TEST = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
-
+    """Whether the run of the starting tests passed, a passed test among them."""
+    return bool(result.get("passed")) and passed_tests(result) > 0
 
 def failures(result):
-    """The names of the starting tests that failed, or what happened when pytest named
-    none."""
-    names = FAILED_TEST.findall(result["text"])
+    """The names of the starting tests that failed, or what happened when the record
+    named none."""
+    results = result.get("results") or {}
+    names = results.get("failures", [])
     if names:
-        more = f" and {len(names) - 10} more" if len(names) > 10 else ""
-        return ", ".join(names[:10]) + more
+        more = results.get("failed", 0) + results.get("error", 0) - len(names)
+        return ", ".join(names) + (f" and {more} more" if more > 0 else "")
     if "exit_code" not in result:
         return result["text"].removeprefix("ERROR: ").split(";")[0]
-    return (
-        f"exit code {result['exit_code']}; pytest's last line:"
-        f" {summary(result['text']) or '(none)'}"
-    )
+    return f"exit code {result['exit_code']}; {result['text'].splitlines()[1]}"
 
 def edited_code(state):
     """Whether the run wrote or patched a file that does not decide the tests."""
@@ -530,7 +518,7 @@ def verify_tests(state, project):
         True,
         (
             f"; this run {done}, and the tests as they were before it pass"
-            f" ({summary(result['text'])}){allowed_note(state)}"
+            f" ({counted(result['results'])}){allowed_note(state)}"
         ),
         changes,
     )

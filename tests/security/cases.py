@@ -138,6 +138,19 @@ def encoded(name, expression, env=None):
             "replies": printing(expression), "expect": {"steps": [asked(), allowed("[redacted]")]}}
 
 
+GIT_TOKEN = "canary-git-token-5a7c9e1b3d"
+GIT_URL = f"https://me:{GIT_TOKEN}@example.com/calc.git"
+
+
+def git_settings(name, setup, path):
+    """A case: a credential in one of git's settings files, which a test prints base64-encoded."""
+    return {"name": f"git-settings-{name}", "mode": "sandboxed", "setup": [("git",), *setup],
+            "canaries": [GIT_TOKEN],
+            "replies": [test_file(f"print('OUT', repr(__import__('base64').b64encode(open({path!r}, 'rb').read())))"),
+                        RUN],
+            "expect": {"steps": [asked(), allowed("OUT b''")]}}
+
+
 COMMIT = ("git-run", "commit", "-qm", "a commit")
 ADD_ALL = ("git-run", "add", "-A")
 HISTORY_ENV = ("file", ".env", f"API_TOKEN={CANARIES['history']}\n")
@@ -301,6 +314,22 @@ CASES = [
     encoded("hex-upper", "binascii.hexlify(secret).decode().upper()"),
     encoded("percent", "urllib.parse.quote(secret.decode().split('=', 1)[1], safe='')",
             env="PASSWORD=p@ss w/rd:canary-percent-77aa!\n"),
+
+    # --- git's settings, which READ refuses, are empty for a test ----------------------------------
+    git_settings("remote-url", [("gitconfig", "remote.origin.url", GIT_URL)], ".git/config"),
+    git_settings("extra-header", [("gitconfig", "http.extraHeader", f"Authorization: Bearer {GIT_TOKEN}")],
+                 ".git/config"),
+    git_settings("worktree-file", [("gitconfig", "extensions.worktreeConfig", "true"),
+                                   ("gitconfig", "--worktree", "remote.origin.url", GIT_URL)], ".git/config.worktree"),
+    git_settings("submodule", [("file", ".git/modules/lib/config", f'[remote "origin"]\n\turl = {GIT_URL}\n')],
+                 ".git/modules/lib/config"),
+    git_settings("through-a-link", [("gitconfig", "remote.origin.url", GIT_URL),
+                                    ("symlink", "settings.ini", ".git/config")], "settings.ini"),
+    {"name": "git-settings-masked-and-git-still-works", "mode": "sandboxed",
+     "setup": [("git",), ("gitconfig", "remote.origin.url", GIT_URL)], "canaries": [GIT_TOKEN],
+     "replies": [test_file("print('OUT', subprocess.run(['git', 'rev-parse', '--is-inside-work-tree'],"
+                           " capture_output=True, text=True).stdout.strip())"), RUN],
+     "expect": {"steps": [asked(), allowed("OUT true")]}},
 
     # --- what git would show: old values of secret files ----------------------------------------
     {"name": "history-deleted-dotenv", "setup": [("git",), HISTORY_ENV, ADD_ALL, COMMIT, ("remove", ".env")],

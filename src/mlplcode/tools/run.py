@@ -1,8 +1,12 @@
 """Running programs: pytest or git, without a shell, bounded in time and output."""
 
 import contextlib
+import hashlib
+import hmac
+import json
 import os
 import re
+import secrets
 import select
 import shutil
 import signal
@@ -19,6 +23,7 @@ from ..trust import (
     inside,
     interpreter_directories,
     limit_resources,
+    redact,
     sandbox_argv,
 )
 from . import failure, observation
@@ -207,6 +212,29 @@ def remove_planted(root: str, before: dict) -> list[str]:
         removed.append(os.path.relpath(path, root))
     return removed
 
+GIT_SETTINGS = ("config", "config.worktree")
+NESTED_REPOSITORIES = ("modules", "worktrees")
+
+
+def git_settings(metadata: dict) -> list[str]:
+    """The settings files of the git directories among METADATA, their submodules' and
+    worktrees' included, links not followed: what a test may not read."""
+    found = []
+    for directory in metadata:
+        if os.path.islink(directory) or not os.path.isdir(directory):
+            continue
+        parents = [directory]
+        for name in NESTED_REPOSITORIES:
+            nested = os.path.join(directory, name)
+            if os.path.isdir(nested) and not os.path.islink(nested):
+                parents += [parent for parent, _, _ in os.walk(nested)]
+        for parent in parents:
+            for name in GIT_SETTINGS:
+                path = os.path.join(parent, name)
+                if os.path.isfile(path) and not os.path.islink(path):
+                    found.append(path)
+    return found
+
 def protected_paths(root: str, metadata: dict) -> list[str]:
     """What a sandboxed program may read but not change: the agent's own files, git's
     metadata."""
@@ -219,14 +247,21 @@ KILLED_SECONDS = 5
 
 
 def run_process(
-    argv: list[str], project, protected: list[str], masked: list[str], variables: dict
+    argv: list[str],
+    project,
+    protected: list[str],
+    masked: list[str],
+    variables: dict,
+    shown: list[str] = (),
+    descriptors: tuple[int, ...] = (),
 ) -> tuple[int, Output] | None:
     """Run argv in the root without a shell; give (exit code, output), or None on
     timeout.
 
     With bubblewrap, the program runs in its sandbox (chapter "The sandbox and its
-    limits"), PROTECTED paths read-only and MASKED ones emptied; either way it gets
-    the allow-listed environment and VARIABLES, a fresh HOME, rlimits, /dev/null as
+    limits"), PROTECTED paths read-only, MASKED ones emptied, and the directories
+    SHOWN read-only beside the interpreter's; either way it gets the allow-listed
+    environment and VARIABLES, the DESCRIPTORS, a fresh HOME, rlimits, /dev/null as
     stdin, and a new session whose whole process group is killed however run_process
     ends, an interrupt included.
     """
@@ -240,12 +275,12 @@ def run_process(
         if bwrap:
             empty = os.path.join(scratch, "empty")
             open(empty, "w").close()
-            argv = sandbox_argv(
-                bwrap, argv, root, interpreter_directories(), protected, masked, empty
-            )
+            readable = [*interpreter_directories(), *shown]
+            argv = sandbox_argv(bwrap, argv, root, readable, protected, masked, empty)
         with subprocess.Popen(
             argv,
             cwd=root,
+            pass_fds=descriptors,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -260,17 +295,150 @@ def run_process(
                 drain(process, time.monotonic() + KILLED_SECONDS)
     return None if output is None else (process.returncode, output)
 
-PYTEST_FAILURE_SUMMARY = re.compile(r"\b\d+ (failed|errors?)\b")
+KEY_BYTES = 32
+CHANNEL = "MLPLCODE_RESULTS"
+PLUGIN_NAME = "mlplcode_results.py"
+with open(os.path.join(os.path.dirname(__file__), "..", PLUGIN_NAME), "rb") as source:
+    PLUGIN_TEXT = source.read()
 
 
-def pytest_passed(exit_code: int, output: str) -> bool:
-    """Say whether a pytest run passed: exit code 0 and a final summary without
-    failures.
+def run_tests(
+    argv: list[str], project, protected: list[str], masked: list[str], variables: dict
+) -> tuple[int, Output, dict] | None:
+    """run_process for pytest, with the channel that its plugin's record comes back by:
+    (exit code, output, results judged from the record), or None on timeout."""
+    key = secrets.token_bytes(KEY_BYTES)
+    with tempfile.TemporaryDirectory(prefix="mlplcode-results-") as directory:
+        plugin = os.path.join(directory, "plugin")
+        os.mkdir(plugin)
+        with open(os.path.join(plugin, PLUGIN_NAME), "wb") as file:
+            file.write(PLUGIN_TEXT)
+        key_read, key_write = os.pipe()
+        os.write(key_write, key)
+        os.close(key_write)
+        path = os.path.join(directory, "record")
+        record_write = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        record_read = os.open(path, os.O_RDONLY)
+        os.unlink(path)
+        try:
+            try:
+                result = run_process(
+                    argv,
+                    project,
+                    protected,
+                    masked,
+                    {
+                        **variables,
+                        "PYTHONPATH": plugin,
+                        CHANNEL: f"{key_read}:{record_write}",
+                    },
+                    shown=[plugin],
+                    descriptors=(key_read, record_write),
+                )
+            finally:
+                os.close(key_read)
+                os.close(record_write)
+            record = read_record(record_read, key)
+        finally:
+            os.close(record_read)
+    if result is None:
+        return None
+    return (*result, judge_results(result[0], record, project.secret_values))
 
-    The summary is checked too in case a plugin or conftest forces exit code 0.
-    """
-    lines = output.strip().splitlines()
-    return exit_code == 0 and not (lines and PYTEST_FAILURE_SUMMARY.search(lines[-1]))
+RECORD_BYTES = 1024 * 1024
+NO_RECORD = "pytest did not finish its session: an exit, a crash or a deadline"
+NOT_SIGNED = "what came back is not a record signed by mlplcode's plugin"
+
+
+def read_record(descriptor: int, key: bytes) -> dict | str:
+    """The record that the plugin signed with KEY, read from DESCRIPTOR, or why there is
+    none, in words."""
+    data = os.read(descriptor, RECORD_BYTES + 1)
+    if not data:
+        return NO_RECORD
+    tag, _, payload = data.removesuffix(b"\n").partition(b" ")
+    expected = hmac.new(key, payload, hashlib.sha256).hexdigest().encode()
+    if data.count(b"\n") != 1 or not hmac.compare_digest(tag, expected):
+        return NOT_SIGNED
+    try:
+        record = json.loads(payload)
+    except (ValueError, RecursionError):
+        return NOT_SIGNED
+    return record if well_formed(record) else NOT_SIGNED
+
+def well_formed(record) -> bool:
+    """Whether RECORD has the fields of the plugin's record, each of its kind."""
+    return (
+        isinstance(record, dict)
+        and isinstance(record.get("finished"), bool)
+        and isinstance(record.get("counts"), dict)
+        and all(
+            isinstance(name, str) and type(count) is int
+            for name, count in record["counts"].items()
+        )
+        and isinstance(record.get("failures"), list)
+        and all(isinstance(name, str) for name in record["failures"])
+        and isinstance(record.get("canaries"), list)
+        and all(
+            isinstance(canary, list)
+            and len(canary) == 3
+            and all(isinstance(word, str) for word in canary)
+            for canary in record["canaries"]
+        )
+    )
+
+OUTCOMES = ("failed", "passed", "skipped", "xfailed", "xpassed", "error", "unreported")
+WORDS = {"error": ("error", "errors"), "unreported": ("never ran", "never ran")}
+REQUIRED_CANARIES = ("function", "collector")
+FAILED = ("failed", "error")
+
+
+def counted(results: dict) -> str:
+    """The counts of RESULTS in words, in the order of pytest's summary: "1 failed, 2
+    passed"."""
+    parts = []
+    for outcome in OUTCOMES:
+        if results[outcome]:
+            one, many = WORDS.get(outcome, (outcome, outcome))
+            parts.append(f"{results[outcome]} {many if results[outcome] > 1 else one}")
+    return ", ".join(parts) or "no tests ran"
+
+
+def refused(why: str) -> dict:
+    """The judgement of a run whose record is not believed: nothing passed."""
+    return {"passed": False, "results": None, "line": f"results: none ({why})"}
+
+
+def judge_results(exit_code: int, record: dict | str, secret_values) -> dict:
+    """What a test run's record says: {"passed": bool, "results": the counts and the
+    failures' names, or None when nothing is believed, "line": the observation's}."""
+    if isinstance(record, str):
+        return refused(record)
+    canaries = record["canaries"]
+    wrong = [
+        f"{kind} in {place} {outcome}" if place else f"{kind} {outcome}"
+        for kind, place, outcome in canaries
+        if outcome not in FAILED
+    ]
+    made = {kind for kind, _, _ in canaries}
+    wrong += [f"{kind} never ran" for kind in REQUIRED_CANARIES if kind not in made]
+    if wrong and record["finished"]:
+        canaries = "the canaries" if len(wrong) > 1 else "the canary"
+        return refused(f"{canaries} {', '.join(wrong)}: pytest was rewired")
+    results = {outcome: record["counts"].get(outcome, 0) for outcome in OUTCOMES}
+    results["failures"] = [redact(name, secret_values) for name in record["failures"]]
+    passed = (
+        exit_code == 0
+        and record["finished"]
+        and sum(results[outcome] for outcome in OUTCOMES) > 0
+        and not (results["failed"] or results["error"] or results["unreported"])
+    )
+    stopped = "" if record["finished"] else "; pytest stopped before the end"
+    return {
+        "passed": passed,
+        "results": results,
+        "line": f"results: {counted(results)}{stopped}",
+    }
 
 TIMING = re.compile(r" in \d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?")
 
@@ -338,8 +506,11 @@ def run_command(action: dict, project) -> dict:
     masked, metadata = survey(
         root, ignore_rules(project, ".mlplcodeignore"), project.secret_files
     )
+    if kind == "run":
+        masked += git_settings(metadata)
+    start = run_tests if kind == "run" else run_process
     try:
-        result = run_process(
+        result = start(
             program_argv(kind, argv, paths, project.programs),
             project,
             protected_paths(root, metadata) + repository,
@@ -363,11 +534,12 @@ def run_command(action: dict, project) -> dict:
         )
     exit_code, output = result[0], show_output(result[1], root)
     fields = {"exit_code": exit_code, "kind": kind, "sandboxed": sandboxed}
+    lines = [f"exit code {exit_code} ({mode})"]
     if kind == "run":
-        fields["passed"] = pytest_passed(exit_code, output)
-    return observation(
-        "\n".join([f"exit code {exit_code} ({mode})", *removed, output]), **fields
-    )
+        judged = result[2]
+        fields.update(passed=judged["passed"], results=judged["results"])
+        lines.append(judged["line"])
+    return observation("\n".join([*lines, *removed, output]), **fields)
 
 def check_run(action: dict, project) -> None:
     """Refuse, as RUN would, a path operand that names a path the tools may not use."""
