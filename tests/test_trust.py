@@ -76,7 +76,7 @@ def test_limit_resources_sets_the_three_limits(monkeypatch):
 def test_sandbox_argv_layers_mounts_in_order(tmp_path):
     root, empty = str(tmp_path / "root"), str(tmp_path / "empty")
     argv = trust.sandbox_argv("/usr/bin/bwrap", ["pytest"], root, ["/opt/python"], [f"{root}/.git"],
-                              [f"{root}/.env"], empty)
+                              [f"{root}/.env"], empty, 7)
     joined = " ".join(argv)
     assert joined.index("--ro-bind /usr /usr") < joined.index("--proc /proc")
     assert joined.index("--proc /proc") < joined.index("--ro-bind /proc/sys /proc/sys")
@@ -84,11 +84,12 @@ def test_sandbox_argv_layers_mounts_in_order(tmp_path):
     assert joined.index("--ro-bind /opt/python") < joined.index(f"--bind {root} {root}")
     assert joined.index(f"--bind {root} {root}") < joined.index(f"--ro-bind {root}/.git")
     assert f"--ro-bind {empty} {root}/.env" in joined
+    assert joined.index(f"--ro-bind {empty} {root}/.env") < joined.index("--seccomp 7")
     assert argv[-2:] == ["--", "pytest"]
 
 
 def test_sandbox_argv_shows_only_what_tests_need():
-    argv = trust.sandbox_argv("/usr/bin/bwrap", ["pytest"], "/p", [], [], [], "/empty")
+    argv = trust.sandbox_argv("/usr/bin/bwrap", ["pytest"], "/p", [], [], [], "/empty", None)
     sources = {argv[index + 1] for index, word in enumerate(argv) if word in ("--ro-bind", "--bind")}
     assert "/" not in sources
     for hidden in ("/run", "/var", "/home", "/root", "/tmp", "/srv", "/mnt", "/opt", "/media"):
@@ -98,7 +99,7 @@ def test_sandbox_argv_shows_only_what_tests_need():
 
 
 def test_sandbox_argv_drops_every_privilege():
-    argv = trust.sandbox_argv("/usr/bin/bwrap", ["pytest"], "/p", [], [], [], "/empty")
+    argv = trust.sandbox_argv("/usr/bin/bwrap", ["pytest"], "/p", [], [], [], "/empty", None)
     flags = " ".join(argv[argv.index("--unshare-all"):])
     assert flags.startswith("--unshare-all --unshare-user --disable-userns --uid 65534 --gid 65534"
                             " --cap-drop ALL --die-with-parent --new-session")

@@ -2,12 +2,16 @@
 in."""
 
 import base64
+import errno
 import functools
 import os
+import platform
 import re
 import resource
 import shutil
+import socket
 import stat
+import struct
 import sys
 import unicodedata
 import urllib.parse
@@ -381,12 +385,15 @@ def proc_mounts(empty):
             command += hide(path, empty)
     return command
 
-def sandbox_argv(bwrap, argv, root, interpreter, protected, masked, empty):
+def sandbox_argv(
+    bwrap, argv, root, interpreter, protected, masked, empty, socket_filter
+):
     """ARGV wrapped in bubblewrap: only system files, the INTERPRETER's directories and
     the root shown; no network, its own /tmp, PIDs and user, no capabilities.
 
     PROTECTED paths in the root are read-only; MASKED ones are replaced by an empty
-    directory or the EMPTY file.
+    directory or the EMPTY file. SOCKET_FILTER is the descriptor of the seccomp
+    program that refuses a Unix socket, or None where there is none.
     """
     command = [
         bwrap,
@@ -404,6 +411,8 @@ def sandbox_argv(bwrap, argv, root, interpreter, protected, masked, empty):
         command += ["--ro-bind", path, path]
     for path in masked:
         command += hide(path, empty)
+    if socket_filter is not None:
+        command += ["--seccomp", str(socket_filter)]
     return command + [*ISOLATION, "--chdir", root, "--", *argv]
 
 def sandbox_banner(bwrap):
@@ -418,3 +427,51 @@ def sandbox_banner(bwrap):
         "unsandboxed: bubblewrap (bwrap) not found; tests run with your user's files"
         " and network"
     )
+
+# seccomp's verdicts, and where struct seccomp_data keeps what the filter reads.
+SECCOMP_ALLOW, SECCOMP_ERRNO = 0x7FFF0000, 0x00050000
+NUMBER, ARCHITECTURE, FIRST_ARGUMENT = 0, 4, 16
+X32_CALLS = 0x40000000
+# Per platform.machine(): the architecture, the numbers of socket and io_uring_setup.
+SOCKET_CALLS = {
+    "x86_64": (0xC000003E, 41, 425),
+    "aarch64": (0xC00000B7, 198, 425),
+}
+LOAD, JUMP_IF_EQUAL, JUMP_IF_AT_LEAST, GIVE = 0x20, 0x15, 0x35, 0x06
+
+
+def socket_filter_program(machine):
+    """The seccomp program, as bytes, that refuses a Unix socket, io_uring and every
+    call of another architecture on MACHINE; None where its call numbers are not
+    known."""
+    if machine not in SOCKET_CALLS:
+        return None
+    architecture, socket_call, io_uring_setup = SOCKET_CALLS[machine]
+    refused = SECCOMP_ERRNO | errno.ENOSYS
+    program = [
+        (LOAD, 0, 0, ARCHITECTURE),
+        (JUMP_IF_EQUAL, 1, 0, architecture),
+        (GIVE, 0, 0, refused),
+        (LOAD, 0, 0, NUMBER),
+        (JUMP_IF_AT_LEAST, 0, 1, X32_CALLS),
+        (GIVE, 0, 0, refused),
+        (JUMP_IF_EQUAL, 0, 1, io_uring_setup),
+        (GIVE, 0, 0, refused),
+        (JUMP_IF_EQUAL, 0, 3, socket_call),
+        (LOAD, 0, 0, FIRST_ARGUMENT),
+        (JUMP_IF_EQUAL, 0, 1, socket.AF_UNIX),
+        (GIVE, 0, 0, SECCOMP_ERRNO | errno.EAFNOSUPPORT),
+        (GIVE, 0, 0, SECCOMP_ALLOW),
+    ]
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+
+def socket_filter_descriptor():
+    """A descriptor from which bubblewrap reads this machine's socket filter, or None
+    where there is none; the caller closes it."""
+    program = socket_filter_program(platform.machine())
+    if program is None:
+        return None
+    reading, writing = os.pipe()
+    os.write(writing, program)
+    os.close(writing)
+    return reading

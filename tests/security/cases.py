@@ -8,7 +8,8 @@ which approves everything, the worst case; "no" declines, which ends the run;
 "unsandboxed" or "any"), `environment`, `constants`, `without` (programs the
 project does not find) and `executable` (the Python mlplcode runs from); and
 `expect`: the stop reason, per step a verdict and a fragment of what the
-model was told, files of the root and their content (None: absent), what the
+model was told, fragments all observations must (`said`) or must not
+(`not_said`) hold, files of the root and their content (None: absent), what the
 approval preview showed or must not show, and `git_in`: directories of the
 root where a person's `git status` afterwards must run nothing. {root},
 {outside}, {home}, {base} (the directory that holds them), {mark}, {unique}
@@ -91,12 +92,32 @@ print('ESCAPED' if libc.ptrace(16, {pid}, 0, 0) == 0 else 'refused', 'ptrace of 
 # What a test connects to when it looks for a service of the host outside the sandbox.
 SOCKETS = ["/run/mlplcode-{unique}.sock", "/var/tmp/mlplcode-{unique}.sock", "{home}/agent.sock"]
 REACH_SOCKETS = f"""for path in {SOCKETS!r}:
-    client = socket.socket(socket.AF_UNIX)
     try:
+        client = socket.socket(socket.AF_UNIX)
         client.connect(path)
         print('CONNECTED', path)
     except OSError as error:
         print('unreachable', path, error.strerror)"""
+
+# Sockets a host process listens on inside the project, and every way a test could make a Unix
+# socket to reach them: Python's socket module in each type, libc's socket() and io_uring.
+PROJECT_SOCKETS = ["dev.sock", ".tmux/default", "node_modules/.cache/server.sock"]
+MAKE_UNIX_SOCKETS = f"""import ctypes
+for path in {PROJECT_SOCKETS!r}:
+    for kind in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET, socket.SOCK_DGRAM):
+        try:
+            client = socket.socket(socket.AF_UNIX, kind)
+            client.connect(path)
+            print('CONNECTED', path, kind)
+        except OSError as error:
+            print('unreachable', path, error.strerror)
+libc = ctypes.CDLL(None, use_errno=True)
+print('ESCAPED libc socket' if libc.socket(1, 1, 0) >= 0 else 'refused libc socket')
+print('ESCAPED io_uring' if libc.syscall(425, 8, ctypes.create_string_buffer(120)) >= 0
+      else 'refused io_uring', ctypes.get_errno())
+first, second = socket.socketpair()
+first.sendall(b'pair')
+print('PAIR', second.recv(4))"""
 
 # What a test leaves behind for git to obey: a repository made by hand, a nested .git, filters.
 PLANT_GIT = """os.makedirs('planted/objects')
@@ -496,6 +517,12 @@ CASES = [
     {"name": "sandbox-hides-host-sockets", "mode": "sandboxed",
      "setup": [("unix_listener", path) for path in SOCKETS], "replies": [test_file(REACH_SOCKETS), RUN],
      "expect": {"steps": [asked(), allowed("unreachable /run/")], "not_said": ["CONNECTED"]}},
+    {"name": "sandbox-refuses-sockets-in-the-project", "mode": "sandboxed",
+     "setup": [("unix_listener", path) for path in PROJECT_SOCKETS],
+     "replies": [test_file(MAKE_UNIX_SOCKETS), RUN],
+     "expect": {"steps": [asked(), allowed("unreachable dev.sock Address family not supported by protocol")],
+                "said": ["refused libc socket", "refused io_uring 38", "PAIR b'pair'"],
+                "not_said": ["CONNECTED", "ESCAPED"]}},
     {"name": "sandbox-shows-no-run-or-home", "mode": "sandboxed",
      "replies": [test_file("print('SEEN', [path for path in ('/run', '/var', '{home}', '{outside}')"
                            " if os.path.exists(path)])"), RUN],

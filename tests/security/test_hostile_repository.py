@@ -46,12 +46,13 @@ for path in ('/usr/mlplcode-escaped-{unique}', '/var/tmp/mlplcode-escaped-{uniqu
         print('ESCAPED', path)
     except OSError as error:
         print('refused', path, error.strerror)
-client = socket.socket(socket.AF_UNIX)
-try:
-    client.connect('{socket}')
-    print('ESCAPED: connected to the host')
-except OSError as error:
-    print('unreachable', error.strerror)
+for path in ('{socket}', 'dev.sock'):
+    try:
+        client = socket.socket(socket.AF_UNIX)
+        client.connect(path)
+        print('ESCAPED: connected to the host at', path)
+    except OSError as error:
+        print('unreachable', path, error.strerror)
 print('ENV=' + repr(open('.env').read()))
 print('RUN', os.path.exists('/run'))"""
 
@@ -67,29 +68,35 @@ def test_the_sandbox_holds_for_an_ordinary_user(tmp_path):
     unique = uuid.uuid4().hex[:12]
     base = tempfile.mkdtemp(prefix="mlplcode-nobody-", dir="/tmp")  # pytest's tmp_path is root's alone
     listening = f"/run/mlplcode-{unique}.sock" if as_nobody else str(tmp_path / "host.sock")
-    server = socket.socket(socket.AF_UNIX)
+    root, empty = os.path.join(base, "project"), os.path.join(base, "empty")
+    inside = os.path.join(root, "dev.sock")  # a development server's, in the project
+    servers = [socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)]
     try:
-        root, empty = os.path.join(base, "project"), os.path.join(base, "empty")
         os.mkdir(root)
         open(empty, "w").close()
         with open(os.path.join(root, ".env"), "w") as env:
             env.write(f"TOKEN={CANARY}\n")
-        server.bind(listening)
-        server.listen()
-        server.setblocking(False)
-        os.chmod(listening, 0o777)
+        for server, path in zip(servers, (listening, inside)):
+            server.bind(path)
+            server.listen()
+            server.setblocking(False)
+            os.chmod(path, 0o777)
         if as_nobody:
             for directory, _, files in os.walk(base):
                 for path in (directory, *(os.path.join(directory, name) for name in files)):
                     os.chown(path, NOBODY, NOBODY)
         attacks = (ORDINARY_USER_ATTACKS.replace("{unique}", unique)
                    .replace("{socket}", listening))
+        socket_filter = trust.socket_filter_descriptor()
         argv = trust.sandbox_argv(shutil.which("bwrap"), [python, "-c", attacks], root, [], [],
-                                  [os.path.join(root, ".env")], empty)
+                                  [os.path.join(root, ".env")], empty, socket_filter)
         if as_nobody:
             argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *argv]
         done = subprocess.run(argv, capture_output=True, text=True, cwd=base, timeout=HANG,
-                              env={"PATH": os.defpath, "LANG": "C.UTF-8"})
+                              env={"PATH": os.defpath, "LANG": "C.UTF-8"},
+                              pass_fds=() if socket_filter is None else (socket_filter,))
+        if socket_filter is not None:
+            os.close(socket_filter)
         if "namespace" in done.stderr and done.returncode != 0:
             pytest.skip(f"this kernel lets no ordinary user make a namespace ({done.stderr.strip()}):"
                         " the sandbox needs that without root; NOT checked")
@@ -100,14 +107,17 @@ def test_the_sandbox_holds_for_an_ordinary_user(tmp_path):
         assert "ENV=''" in out and CANARY not in out
         assert "RUN False" in out
         assert open(os.path.join(root, "made-in-the-sandbox.txt")).read() == "ok"
-        try:
-            server.accept()[0].close()
-            reached = True
-        except BlockingIOError:
-            reached = False
-        assert not reached, "the sandbox reached a Unix socket of the host"
+        assert "unreachable dev.sock" in out, out
+        for server in servers:
+            try:
+                server.accept()[0].close()
+                reached = True
+            except BlockingIOError:
+                reached = False
+            assert not reached, "the sandbox reached a Unix socket of the host"
     finally:
-        server.close()
+        for server in servers:
+            server.close()
         for path in (listening, f"/usr/mlplcode-escaped-{unique}", f"/var/tmp/mlplcode-escaped-{unique}"):
             if os.path.lexists(path):
                 os.unlink(path)

@@ -370,6 +370,8 @@ def test_case(case, tmp_path, monkeypatch, fast, capsys, listener, request):
         said = step.observation["text"] if step.observation else step.reason
         assert world.fill(fragment) in said, (number, said)
     said = "".join(step.observation["text"] for step in state.steps if step.observation)
+    for fragment in expect.get("said", []):
+        assert world.fill(fragment) in said, (fragment, said)
     for fragment in expect.get("not_said", []):
         assert world.fill(fragment) not in said
     for relative, content in expect.get("files", {}).items():

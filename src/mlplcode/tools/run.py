@@ -25,6 +25,7 @@ from ..trust import (
     limit_resources,
     redact,
     sandbox_argv,
+    socket_filter_descriptor,
 )
 from . import failure, observation
 from .paths import ignore_rules, open_directory, resolve_path
@@ -270,13 +271,22 @@ def run_process(
         project.root,
         project.programs["bwrap"],
     )
-    with tempfile.TemporaryDirectory(prefix="mlplcode-run-") as scratch:
+    with (
+        tempfile.TemporaryDirectory(prefix="mlplcode-run-") as scratch,
+        contextlib.ExitStack() as closing,
+    ):
         home = "/tmp" if bwrap else scratch
         if bwrap:
             empty = os.path.join(scratch, "empty")
             open(empty, "w").close()
+            socket_filter = socket_filter_descriptor()
+            if socket_filter is not None:
+                closing.callback(os.close, socket_filter)
+                descriptors = (*descriptors, socket_filter)
             readable = [*interpreter_directories(), *shown]
-            argv = sandbox_argv(bwrap, argv, root, readable, protected, masked, empty)
+            argv = sandbox_argv(
+                bwrap, argv, root, readable, protected, masked, empty, socket_filter
+            )
         with subprocess.Popen(
             argv,
             cwd=root,
