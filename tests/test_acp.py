@@ -412,15 +412,55 @@ def test_malformed_json_rpc_gets_an_error_and_the_agent_lives(line, code, id, tm
     assert raw.close()[0] == b"" and raw.process.returncode == 0
 
 
+def test_the_first_initialize_is_answered_before_the_sdk_and_as_the_sdk_answers(tmp_path):
+    from mlplcode import acp_wire
+    assert acp_wire.PROTOCOL_VERSION == acp.PROTOCOL_VERSION
+    raw = Raw(script(tmp_path, []))
+    for id, version in ((1, 1), ("second", 1), (3, 7)):  # the first is ours; the SDK answers the others
+        raw.send({"jsonrpc": "2.0", "id": id, "method": "initialize",
+                  "params": {"protocolVersion": version, "clientCapabilities": {"terminal": False}}})
+    answers = [raw.read() for _ in range(3)]
+    assert [answer["id"] for answer in answers] == [1, "second", 3]
+    assert answers[0]["result"] == answers[1]["result"] == answers[2]["result"]
+    assert raw.lines[0].replace(b'"id":1,', b'"id":3,') == raw.lines[2]  # the same line, byte for byte
+    assert raw.close()[0] == b"" and raw.process.returncode == 0
+
+
+@pytest.mark.parametrize("first", [
+    {"jsonrpc": "2.0", "id": 5, "method": "initialize", "params": {"protocolVersion": -1}},
+    {"jsonrpc": "2.0", "id": 5, "method": "initialize", "params": {"protocolVersion": True}},
+    {"jsonrpc": "2.0", "id": 5, "method": "initialize"},
+    {"jsonrpc": "2.0", "method": "initialize", "params": {"protocolVersion": 1}},
+    {"jsonrpc": "2.0", "id": 5, "method": "session/new", "params": {"cwd": "relative"}},
+])
+def test_a_first_line_that_is_not_a_plain_initialize_is_left_to_the_sdk(first, tmp_path):
+    from mlplcode.acp_wire import answer_initialize, is_initialize
+    assert not is_initialize(first)
+    written = io.BytesIO()
+    line = json.dumps(first).encode() + b"\n"
+    assert list(answer_initialize(iter([line, b"next\n"]), written)) == [line, b"next\n"]
+    assert written.getvalue() == b""
+    answers = []
+    for before in ([], [{"jsonrpc": "2.0", "id": 98, "method": "initialize", "params": {"protocolVersion": 1}}]):
+        raw = Raw(script(tmp_path, []))  # the line first, then second after an initialize the SDK never saw
+        for message in [*before, first, {"jsonrpc": "2.0", "id": 99, "method": "ping"}]:
+            raw.send(message)
+        seen = [raw.read() for _ in range(len(before) + 1 + ("id" in first))]
+        answers.append([message for message in seen if message.get("id") in (5, 99)])
+        raw.close()
+        assert raw.process.returncode == 0
+    assert answers[0] == answers[1], answers  # the SDK answers the line wherever it comes
+
+
 def test_a_line_longer_than_the_limit_is_read_to_its_end_and_refused():
-    from mlplcode.acp import lines, read_message
+    from mlplcode.acp_wire import lines, read_message
     read = list(lines(io.BytesIO(b"x" * 25 + b"\n{}\n" + b"z" * 10 + b"\n" + b"y" * 11), limit=10))
     assert read == [None, b"{}\n", b"z" * 10 + b"\n", None]
     assert read_message(None)[1]["error"]["code"] == -32700
 
 
 def test_nothing_but_the_protocol_reaches_stdout():
-    program = ("import os; from mlplcode.acp import take_stdio\n"
+    program = ("import os; from mlplcode.acp_wire import take_stdio\n"
                "reading, writing = take_stdio()\n"
                "print('a stray print'); os.system('echo a child process')\n"
                "writing.write(reading.readline()); writing.flush()\n")

@@ -4,7 +4,6 @@ stdio."""
 import asyncio
 import concurrent.futures
 import contextlib
-import json
 import os
 import queue
 import re
@@ -14,19 +13,16 @@ import threading
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
-from acp import PROTOCOL_VERSION, RequestError, run_agent
+from acp import RequestError, run_agent
 from acp.schema import (
-    AgentCapabilities,
     AgentMessageChunk,
     AgentThoughtChunk,
     ContentToolCallContent,
     FileEditToolCallContent,
-    Implementation,
     InitializeResponse,
     LoadSessionResponse,
     NewSessionResponse,
     PermissionOption,
-    PromptCapabilities,
     PromptResponse,
     TextContentBlock,
     ToolCallLocation,
@@ -36,7 +32,7 @@ from acp.schema import (
     UserMessageChunk,
 )
 
-from . import __version__
+from .acp_wire import PROTOCOL_VERSION, initialize_result, read_message, write_message
 from .agent import (
     Agent,
     AgentError,
@@ -46,102 +42,25 @@ from .agent import (
     runs_directory,
 )
 from .journal import State, apply, waiting_step
-from .models import ModelError, model_from_spec, settled_line
+from .models import ModelError, settled_line
 from .protocol import headline
 from .show import seen_files
 from .trust import inside, visible
 from .verbs import VERB_OF_TOOL
 
-def take_stdio():
-    """The protocol's own files, copies of stdin and stdout; then stdin reads nothing
-    and stdout writes to stderr, for everything else in the process and its children."""
-    reading, writing = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
-    with open(os.devnull, "rb") as nothing:
-        os.dup2(nothing.fileno(), 0)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return reading, writing
-
-LINE_LIMIT = 50 * 1024 * 1024
-
-
-def lines(reading, limit=LINE_LIMIT):
-    """Each line of READING to its end; a line longer than LIMIT bytes is read to its
-    end and given as None."""
-    while line := reading.readline(limit + 1):
-        if len(line) > limit and not line.endswith(b"\n"):
-            while (rest := reading.readline(limit)) and not rest.endswith(b"\n"):
-                pass
-            line = None
-        yield line
-
-def error_response(code, message, id=None):
-    return {"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}
-
-def read_message(line):
-    """LINE as (a JSON-RPC 2.0 message, None), or (None, the error response it
-    deserves)."""
-    if line is None:
-        return None, error_response(
-            -32700, f"Parse error: a message is one line of at most {LINE_LIMIT} bytes"
-        )
-    try:
-        message = json.loads(line)
-    except (ValueError, RecursionError):
-        return None, error_response(-32700, "Parse error: the line is not JSON")
-    if not isinstance(message, dict):
-        return None, error_response(
-            -32600, "Invalid Request: a message is a JSON object"
-        )
-    problem = message_problem(message)
-    if problem:
-        id = message.get("id")
-        return None, error_response(
-            -32600, f"Invalid Request: {problem}", id if valid_id(id) else None
-        )
-    return message, None
-
-def valid_id(id):
-    return (
-        id is None
-        or isinstance(id, str)
-        or (isinstance(id, int) and not isinstance(id, bool))
-    )
-
-def message_problem(message):
-    """What keeps MESSAGE from being a JSON-RPC 2.0 request, notification or response,
-    or ""."""
-    if message.get("jsonrpc") != "2.0":
-        return 'jsonrpc must be "2.0"'
-    if not valid_id(message.get("id")):
-        return "id must be a string, a whole number or null"
-    if "method" in message:
-        if not isinstance(message["method"], str):
-            return "method must be a string"
-        if not isinstance(message.get("params", {}), (dict, list, type(None))):
-            return "params must be an object or an array"
-    elif "id" not in message or ("result" in message) == ("error" in message):
-        return (
-            "a message is a request, a notification, or a response with a result or an"
-            " error"
-        )
-    elif not isinstance(message.get("error", {}), dict):
-        return "error must be an object"
-    return ""
-
 class LineTransport:
     """The SDK's message transport over the protocol's files: one JSON-RPC message a
     line, each way; a line that is not a JSON-RPC message is answered here."""
 
-    def __init__(self, reading, writing):
+    def __init__(self, incoming, writing):
         self.writing, self.closed, self.messages = writing, False, asyncio.Queue()
         loop = asyncio.get_running_loop()
-        threading.Thread(target=self.feed, args=(reading, loop), daemon=True).start()
+        threading.Thread(target=self.feed, args=(incoming, loop), daemon=True).start()
 
-    def feed(self, reading, loop):
-        """Read and check each line in a thread of its own, since a read blocks; None at
-        the end."""
-        for line in lines(reading):
+    def feed(self, incoming, loop):
+        """Check each line of INCOMING in a thread of its own, since a read blocks; None
+        at the end."""
+        for line in incoming:
             loop.call_soon_threadsafe(self.messages.put_nowait, read_message(line))
         loop.call_soon_threadsafe(self.messages.put_nowait, (None, None))
 
@@ -157,10 +76,7 @@ class LineTransport:
         if self.closed:
             raise ConnectionError("the client has gone")
         try:
-            self.writing.write(
-                json.dumps(message, separators=(",", ":")).encode() + b"\n"
-            )
-            self.writing.flush()
+            write_message(self.writing, message)
         except OSError as error:
             self.closed = True
             raise ConnectionError("the client has gone") from error
@@ -491,11 +407,11 @@ class FrontEnd:
         self.worker, self.settings = worker, settings
         self.sessions, self.client, self.loop = {}, None, None
 
-    async def speak(self, reading, writing):
+    async def speak(self, incoming, writing):
         """Answer the client until it closes its end; then interrupt what runs, and stop."""
         self.loop = asyncio.get_running_loop()
         try:
-            await run_agent(self, LineTransport(reading, writing))
+            await run_agent(self, LineTransport(incoming, writing))
         finally:
             for session in self.sessions.values():
                 self.stop_turn(session)
@@ -506,19 +422,7 @@ class FrontEnd:
         self.client = client
 
     async def initialize(self, protocol_version, **_):
-        capabilities = AgentCapabilities(
-            load_session=True,
-            prompt_capabilities=PromptCapabilities(
-                image=False, audio=False, embedded_context=False
-            ),
-        )
-        return InitializeResponse(
-            protocol_version=PROTOCOL_VERSION,
-            agent_capabilities=capabilities,
-            agent_info=Implementation(
-                name="mlplcode", title="mlplcode", version=__version__
-            ),
-        )
+        return InitializeResponse.model_validate(initialize_result())
 
     async def new_session(self, cwd, **_):
         run = new_run_id()
@@ -744,11 +648,9 @@ TRUST_OPTIONS = [
     PermissionOption(option_id="reject", name="Leave it", kind="reject_once"),
 ]
 
-def serve(model, policy, budget, model_options):
-    """Speak ACP on stdin and stdout until the client closes stdin; return the exit
-    status."""
-    model_from_spec(model, **{**model_options, "grammar": None})  # settled at start
-    reading, writing = take_stdio()
+def speak_until_closed(model, policy, budget, model_options, incoming, writing):
+    """Speak ACP on the lines INCOMING and on WRITING until the client closes its end;
+    return the exit status."""
     print(
         f"mlplcode acp: protocol version {PROTOCOL_VERSION} on stdin and stdout;"
         f" journals in {runs_directory()}",
@@ -766,7 +668,7 @@ def serve(model, policy, budget, model_options):
         },
     )
     threading.Thread(
-        target=asyncio.run, args=(front.speak(reading, writing),), daemon=True
+        target=asyncio.run, args=(front.speak(incoming, writing),), daemon=True
     ).start()
     try:
         worker.serve()

@@ -365,16 +365,9 @@ def command_kernel_install(args):
     return 0
 
 def command_acp(args):
+    from .acp_wire import serve
     from .policy import DEFAULT_POLICY, load_policy
 
-    try:
-        from .acp import serve
-    except ModuleNotFoundError as error:
-        if error.name != "acp":
-            raise
-        raise ValueError(
-            "needs the Agent Client Protocol package: pip install 'mlplcode[acp]'"
-        ) from None
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
     return serve(args.model, policy, args.budget, model_options(args))
 
