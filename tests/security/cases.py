@@ -115,6 +115,7 @@ libc = ctypes.CDLL(None, use_errno=True)
 print('ESCAPED libc socket' if libc.socket(1, 1, 0) >= 0 else 'refused libc socket')
 print('ESCAPED io_uring' if libc.syscall(425, 8, ctypes.create_string_buffer(120)) >= 0
       else 'refused io_uring', ctypes.get_errno())
+print('ESCAPED x32 socket' if libc.syscall(0x40000000 | 41, 1, 1, 0) >= 0 else 'refused x32 socket')
 first, second = socket.socketpair()
 first.sendall(b'pair')
 print('PAIR', second.recv(4))"""
