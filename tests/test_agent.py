@@ -3,6 +3,7 @@ import os
 
 import pytest
 
+import mlplcode.journal
 import mlplcode.loop
 from mlplcode import Agent
 from mlplcode.agent import AgentError
@@ -13,6 +14,21 @@ from mlplcode.policy import DEFAULT_POLICY
 @pytest.fixture
 def agent(project, replies, tmp_path):
     return Agent.start("Add mul and its test", project, f"scripted:{replies}", journal=str(tmp_path / "run.jsonl"))
+
+
+def test_each_call_starts_its_sync_and_waits_for_the_one_before(agent, monkeypatch):
+    agent.step()
+    first = agent.syncing
+    agent.step()
+    assert agent.syncing is not first and not first.thread.is_alive()
+
+    def failing(path):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(mlplcode.journal, "sync_journal", failing)
+    agent.note("one more")  # its sync fails on its thread, and the next call says so
+    with pytest.raises(OSError, match="Input/output"):
+        agent.note("and another")
 
 
 def test_the_add_mul_task_with_an_approval_and_a_denial(agent, project):

@@ -21,6 +21,7 @@ from .journal import (
     read_events,
     snapshot,
     start_problem,
+    Syncing,
     sync_journal,
     waiting_step,
 )
@@ -352,7 +353,7 @@ class Agent:
             on_event,
             on_retry,
         )
-        self.trust_journal = trust_journal
+        self.trust_journal, self.syncing = trust_journal, None
         cut_torn_line(self.journal)
         self.load(model)
 
@@ -530,8 +531,9 @@ class Agent:
 
     @contextlib.contextmanager
     def interruptible(self):
-        """Sync the journal when the work ends; on an interrupt, first reload, close the
-        step cut short and stop the run as interrupted."""
+        """Sync the journal when the work ends, the last sync waited for first; on an
+        interrupt, first reload, close the step cut short and stop the run as
+        interrupted."""
         try:
             yield
         except KeyboardInterrupt:
@@ -548,7 +550,9 @@ class Agent:
                 )
             raise
         finally:
-            sync_journal(self.journal)
+            if self.syncing:
+                self.syncing.wait()
+            self.syncing = Syncing(self.journal)
 
     def close_cut_step(self, cause):
         """Give the last step an observation, saying CAUSE, if an interrupt or a crash left
