@@ -39,7 +39,7 @@ def test_the_add_mul_task_with_an_approval_and_a_denial(agent, project):
     assert agent.step().numbers == (4,)
     denied = agent.deny("patch the test file instead of rewriting it")
     assert denied.state.steps[3].approved is False
-    assert "NOTE FROM THE HUMAN: patch the test file instead" in agent.prompt()[1]["content"]
+    assert "] NOTE FROM THE HUMAN:\npatch the test file instead" in agent.prompt()[1]["content"]
     agent.run()
     agent.approve()
     report = agent.run()

@@ -10,7 +10,7 @@ import pytest
 from mlplcode import Agent
 from mlplcode.cli import EXAMPLES, replay
 from mlplcode.compaction import SUMMARY_PROMPT
-from mlplcode.prompt import CHARS_PER_TOKEN, build_context, prompt_budget
+from mlplcode.prompt import CHARS_PER_TOKEN, build_context, prompt_budget, run_marker
 from mlplcode.transcript import markdown
 
 SUMMARY_START = SUMMARY_PROMPT.split(".")[0]
@@ -53,8 +53,8 @@ def test_every_prompt_of_a_long_run_fits_its_budget(long_run):
     assert model.summaries == state.compactions > 1
     assert [e["type"] for e in long_run.events].count("compact") == state.compactions
     last = build_context(state)[1]["content"]
-    assert f"SUMMARY OF STEPS 1 TO {state.summarized}:\nSummary {model.summaries}:" in last
-    assert "NOTE FROM THE HUMAN: Keep going." in last  # a note survives every compaction, word for word
+    assert f"] NOTES ON STEPS 1 TO {state.summarized} (a summary written for you, not what the tools answered):\nSummary {model.summaries}:" in last
+    assert "] NOTE FROM THE HUMAN:\nKeep going." in last  # a note survives every compaction, word for word
     assert f"ACTION {len(state.steps)}:" in last and "ACTION 1:\n" not in last
 
 
@@ -79,7 +79,7 @@ def test_a_scripted_model_keeps_its_replies_for_steps_and_the_summary_is_made_fr
         project, tmp_path):
     """300 alternating READs in a small context: before, each summary took a reply of the script,
     two READs of one file met in a row, and the run ended stuck after two compactions (at 1,024
-    tokens; the smallest context that starts this task is now 1,326)."""
+    tokens; the smallest context that starts this task is now 1,363)."""
     replies = ["READ calc.py", "READ test_calc.py"] * 150
     agent = scripted_run(project, tmp_path, "long", replies, 300, 1400)
     agent.run()
@@ -116,5 +116,7 @@ def test_compact_folds_every_step_at_once_and_the_transcript_shows_it(project, t
     agent.compact()
     assert agent.state.summarized == 2 and agent.events[-1]["type"] == "compact"
     prompt = agent.prompt()[1]["content"]
-    assert prompt.startswith("TASK: t\n\nSUMMARY OF STEPS 1 TO 2:\nSummary 1:") and "ACTION" not in prompt
+    marker = run_marker(agent.state.start)
+    assert prompt.startswith(f"[{marker}] TASK:\nt\n\n[{marker}] NOTES ON STEPS 1 TO 2 (a summary written"
+                             " for you, not what the tools answered):\nSummary 1:") and "ACTION" not in prompt
     assert "steps 1 to 2 are summarized in the prompt" in markdown(agent.events)

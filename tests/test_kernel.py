@@ -129,7 +129,7 @@ def test_the_add_mul_task_with_one_ask_approved_and_one_denied_by_a_cell(kernel,
     assert kinds(shown) == ["decision"] and "DECLINED" in text(shown) and "declined by the human" in text(shown)
     assert "+def test_mul" not in text(shown)
     prompt = text(kernel.ok("%show prompt"))
-    assert "NOTE FROM THE HUMAN: patch the test file instead" in prompt
+    assert "NOTE FROM THE HUMAN:\n    patch the test file instead" in prompt
     kernel.ok("%step")
     kernel.ok("%approve")
     outputs = kernel.ok("%run")
@@ -280,7 +280,7 @@ def test_a_note_cell_reaches_the_next_prompt(kernel, project):
     kernel.ok(f"%root {project}\n%model echo\n%task Look around")
     assert kinds(kernel.ok("Keep add unchanged.")) == ["note"]
     reply = kernel.ok("%step")[0]["content"]["data"]["text/plain"]
-    assert "NOTE FROM THE HUMAN: Keep add unchanged." in reply
+    assert "NOTE FROM THE HUMAN:\n    Keep add unchanged." in reply
 
 
 def test_root_copy_works_on_a_fresh_copy(kernel, project, tmp_path):
@@ -435,7 +435,8 @@ def test_compact_folds_the_steps_so_far_into_a_summary(kernel, project, tmp_path
     assert "steps 1 to 2 are summarized in the prompt" in text(shown)
     prompt = text(kernel.ok("%show prompt"))
     # A script's replies are actions: the summary is made from the journal, and the script keeps its third.
-    assert "SUMMARY OF STEPS 1 TO 2:\n    step 1: READ calc.py: calc.py (5 lines)" in prompt and "ACTION 1" not in prompt
+    assert ("NOTES ON STEPS 1 TO 2 (a summary written for you, not what the tools answered):\n"
+            "    step 1: READ calc.py: calc.py (5 lines)" in prompt) and "ACTION 1" not in prompt
     assert "READ calc.py" in text(kernel.ok("%step"))
 
 

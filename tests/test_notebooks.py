@@ -131,5 +131,6 @@ def test_nbconvert_writes_highlighted_cells_and_fixed_width_outputs(tmp_path):
     page = (tmp_path / "notebooks" / "executed.html").read_text()
     assert '<div class="highlight hl-mlplcode"><pre><span></span><span class="k">%root</span>' in page
     assert '<span class="na">--copy</span>' in page
-    outputs = page.count('<div class="mlplcode"')
-    assert outputs > 10 and page.count('<div class="mlplcode" style="font-family: monospace">') == outputs
+    outputs = page.count('<div class="mlplcode')
+    opening = '<div class="mlplcode tex2jax_ignore mathjax_ignore" style="font-family: monospace">'
+    assert outputs > 10 and page.count(opening) == outputs

@@ -10,8 +10,8 @@ def test_the_prompt_at_step_1(project):
     record = Recorder(start_event(project, budget=5))
     step(record.state, model_from_spec("echo"), open_project(project), record)
     assert record.events[1]["text"] == (
-        "TASK: Add mul and its test\n\n"
-        "You have 5 of 5 steps left. Reply with exactly one action.")
+        "[34acbbe8] TASK:\nAdd mul and its test\n\n"
+        "[34acbbe8] You have 5 of 5 steps left. Reply with exactly one action.")
 
 
 def test_the_prompt_at_step_3(project):
@@ -27,16 +27,16 @@ def test_the_prompt_at_step_3(project):
         where = step(record.state, model, where, record)
     [reply] = [e for e in record.events if e["type"] == "reply" and e["step"] == 3]
     assert reply["text"] == (
-        "TASK: Add mul and its test\n\n"
-        "NOTE FROM THE HUMAN: Keep add unchanged.\n\n"
-        "ACTION 1:\nREAD calc.py\n\n"
-        "OBSERVATION 1:\ncalc.py (5 lines)\n"
+        "[34acbbe8] TASK:\nAdd mul and its test\n\n"
+        "[34acbbe8] NOTE FROM THE HUMAN:\nKeep add unchanged.\n\n"
+        "[34acbbe8] ACTION 1:\nREAD calc.py\n\n"
+        "[34acbbe8] OBSERVATION 1:\ncalc.py (5 lines)\n"
         '"""A tiny calculator: the project the example task works on."""\n\n\n'
         "def add(a, b):\n    return a + b\n\n\n"
-        "ACTION 2:\nLet me look.\n\n"
-        "OBSERVATION 2:\nPARSE ERROR: no action found; start a line with one of "
+        "[34acbbe8] ACTION 2:\nLet me look.\n\n"
+        "[34acbbe8] OBSERVATION 2:\nPARSE ERROR: no action found; start a line with one of "
         "READ, SEARCH, WRITE, PATCH, RUN or DONE\n\n"
-        "You have 3 of 5 steps left. Reply with exactly one action.")
+        "[34acbbe8] You have 3 of 5 steps left. Reply with exactly one action.")
 
 
 def test_the_kept_paragraphs_give_the_same_prompt_as_writing_it_whole(project):
@@ -58,7 +58,7 @@ def test_a_repeated_reply_is_flagged_in_the_prompt(project):
     for _ in range(2):
         where = step(record.state, lambda messages: "READ calc.py", where, record)
     assert record.state.steps[1].observation["repeat"] is True
-    assert "OBSERVATION 2:\nNOTE: this reply is identical to your previous one.\ncalc.py" in \
+    assert "] OBSERVATION 2: NOTE: this reply is identical to your previous one.\ncalc.py" in \
         build_context(record.state)[1]["content"]
 
 

@@ -109,6 +109,20 @@ def test_a_numbered_action_header_as_the_prompt_writes_it():
     assert parse_action("ACTION 4: DELETE x")["error"].startswith("unknown verb DELETE")
 
 
+def test_a_header_copied_with_the_run_s_marker():
+    assert parse_action("[3fa2c91e] ACTION 4: READ calc.py") == {"tool": "read", "path": "calc.py"}
+    assert parse_action("[3fa2c91e] ACTION 4:\nREAD calc.py") == {"tool": "read", "path": "calc.py"}
+    assert parse_action("[3fa2c91e] READ calc.py") == {"tool": "read", "path": "calc.py"}
+    assert "error" in parse_action("[3fa2c91] READ calc.py") and "error" in parse_action("[x] READ calc.py")
+
+
+@pytest.mark.parametrize("header", ["OBSERVATION 4:", "[3fa2c91e] OBSERVATION 4:",
+                                    "[3fa2c91e] OBSERVATION 4: NOTE: this reply is identical to your previous one."])
+def test_an_observation_invented_under_the_prompt_s_own_header_is_dropped(header):
+    reply = f"READ calc.py\n{header}\ndef add(a, b): ...\nDONE added mul"
+    assert parse_action(reply) == {"tool": "read", "path": "calc.py"}
+
+
 # Tolerance 3: a <think> block.
 
 def test_a_one_line_think_block_is_removed():

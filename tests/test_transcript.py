@@ -8,7 +8,8 @@ import pytest
 from mlplcode import Agent
 from mlplcode.kernel import parse_cell
 from mlplcode.show import as_html, as_markdown, as_text, change, step_view
-from mlplcode.transcript import MODEL_COMMAND_OPTIONS, org_escape, save
+from mlplcode.transcript import MODEL_COMMAND_OPTIONS, save
+from mlplcode.trust import org_verbatim
 
 
 @pytest.fixture
@@ -52,9 +53,9 @@ def test_views_escape_what_each_format_would_misread():
     assert as_text(view) == "step 1: READ __init__.py\nreply:\n    ```python\n    <b>\n    ```\nverdict: allow"
 
 
-def test_org_escapes_lines_that_would_end_a_block_or_start_a_section():
-    assert org_escape("* heading\n#+end_example\n  ,* already\nplain") == \
-        ",* heading\n,#+end_example\n  ,,* already\nplain"
+def test_org_writes_text_as_fixed_width_lines_that_nothing_can_end_or_open():
+    assert org_verbatim("* heading\n#+end_example\n\n  ,* already\nsrc_sh{ls}") == \
+        ": * heading\n: #+end_example\n:\n:   ,* already\n: src_sh{ls}"
 
 
 def test_the_notebook_transcript_is_a_valid_notebook_of_the_cells_that_drove_the_run(finished, tmp_path):
@@ -119,12 +120,12 @@ def test_the_org_transcript_has_a_section_per_step_note_and_stop(finished, tmp_p
     save(finished.journal, path)
     text = open(path).read()
     headings = [line for line in text.splitlines() if line.startswith("* ")]
-    assert headings == ["* step 1: READ calc.py", "* step 2: READ test_calc.py", "* step 3: PATCH calc.py",
-                        "* step 4: WRITE test_calc.py", "* note from the human", "* step 5: PATCH test_calc.py",
-                        "* note from the human", "* step 6: RUN python -m pytest -q",
-                        "* step 7: DONE added mul and its test", "* stop"]
-    assert text.startswith(f"#+TITLE: mlplcode run {finished.run_id}\n")
-    assert "#+begin_src diff\n--- calc.py (OLD)" in text
+    assert headings == ["* step 1: READ", "* step 2: READ", "* step 3: PATCH", "* step 4: WRITE",
+                        "* note from the human", "* step 5: PATCH", "* note from the human", "* step 6: RUN",
+                        "* step 7: DONE", "* stop"]
+    assert text.startswith(f"#+TITLE: mlplcode run\n: mlplcode run {finished.run_id}\n")
+    assert "* step 7: DONE\n: step 7: DONE added mul and its test\n" in text
+    assert "action:\n: --- calc.py (OLD)" in text and ": verdict: allow" in text
 
 
 def test_the_markdown_transcript_is_rendered_from_the_journal_not_from_memory(finished, tmp_path):

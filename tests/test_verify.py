@@ -298,7 +298,7 @@ def test_a_no_refuses_the_done_and_the_run_goes_on(wrong, tmp_path, reason):
         "NOT VERIFIED: the tests as they were before this run fail (test_calc.py::test_add); this run changed"
         " test_calc.py. Make the code pass the tests as they were")
     prompt = agent.prompt()[1]["content"]
-    assert "-    assert add(2, 3) == 5" in prompt and ("NOTE FROM THE HUMAN: put test_add back" in prompt) == bool(reason)
+    assert "-    assert add(2, 3) == 5" in prompt and ("NOTE FROM THE HUMAN:\nput test_add back" in prompt) == bool(reason)
     agent.run()
     assert agent.waiting().number == 5  # the next DONE is asked about again
 

@@ -332,6 +332,7 @@ class Agent:
             "model_options": options,
             "root": root,
             "run": run,
+            "marker": secrets.token_hex(4),
             "tests": snapshot_tests(root),
         }
         if may_change:

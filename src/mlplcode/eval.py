@@ -30,7 +30,7 @@ from .tools.paths import DRIVE, denial_reason, ignore_rules
 from .tools.project import NO_RULES, find_secret_files, open_project, planted_secrets
 from .tools.run import git_settings, protected_paths, run_tests, show_output, survey
 from .tools.write import AGENT_FILES
-from .trust import visible
+from .trust import markdown_text, visible
 from .verify import real_directories, remove
 
 TASK_TEXT, PROJECT, CHECK, SETTINGS = "task.md", "project", "check", "settings.json"
@@ -629,16 +629,16 @@ def as_markdown(parts, chart):
     lines = []
     for part in parts:
         if part[0] == "heading":
-            lines += ["#" * part[1] + " " + visible(part[2]), ""]
+            lines += ["#" * part[1] + " " + markdown_text(part[2]), ""]
         elif part[0] == "paragraph":
-            lines += [visible(part[1]), ""]
+            lines += [markdown_text(part[1]), ""]
         elif part[0] == "chart":
             lines += [f"![{CHART_TEXT}]({chart})", ""]
         else:
             lines += ["| " + " | ".join(part[1]) + " |", "|" + "---|" * len(part[1])]
             lines += [
                 "| "
-                + " | ".join(visible(cell).replace("|", "\\|") for cell in cells)
+                + " | ".join(markdown_text(cell) for cell in cells)
                 + " |"
                 for cells in part[2]
             ] + [""]

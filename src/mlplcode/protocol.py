@@ -69,7 +69,8 @@ def action_start(lines):
     raise ParseError(no_action_reason(lines))
 
 VERB_LINE = re.compile(
-    rf"(?:ACTION(?: \d+)?:\s*)?({'|'.join(ACTION_VERBS)})(?:\s+(.*))?"
+    rf"(?:\[[0-9a-f]{{8}}\]\s*)?(?:ACTION(?: \d+)?:\s*)?({'|'.join(ACTION_VERBS)})"
+    r"(?:\s+(.*))?"
 )
 
 
@@ -131,7 +132,7 @@ def reject_second_action(rest):
     action, such as a closing fence or a remark, is dropped too.
     """
     for line in rest:
-        if line.strip().startswith("OBSERVATION:"):
+        if re.match(r"(?:\[[0-9a-f]{8}\]\s*)?OBSERVATION(?: \d+)?:", line.strip()):
             return
         if verb_line(line):
             raise ParseError(

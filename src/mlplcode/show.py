@@ -3,11 +3,10 @@ and HTML."""
 
 import difflib
 import html
-import re
 
 from .journal import waiting_step
 from .protocol import format_action, headline
-from .trust import visible
+from .trust import markdown_block, markdown_text, visible
 from .verbs import VERB_OF_TOOL
 
 def step_view(state, step):
@@ -182,27 +181,23 @@ def as_markdown(view, level=4):
     parts = []
     for kind, label, text in safe_view(view):
         if kind == "title":
-            parts.append(f"{'#' * level} {markdown_escape(text)}")
+            parts.append(f"{'#' * level} {markdown_text(text)}")
         elif kind == "line":
-            parts.append(f"**{label}:** {markdown_escape(text)}")
+            parts.append(f"**{label}:** {markdown_text(text)}")
         else:
-            fence = "`" * max(
-                3, 1 + max((len(run) for run in re.findall("`+", text)), default=0)
-            )
             language = "diff" if kind == "diff" else "text"
-            body = text.rstrip("\n")
-            parts.append(f"**{label}:**\n\n{fence}{language}\n{body}\n{fence}")
+            parts.append(f"**{label}:**\n\n{markdown_block(text, language)}")
     return "\n\n".join(parts) + "\n"
-
-def markdown_escape(text):
-    return re.sub(r"([\\`*_\[\]<>#|])", r"\\\1", text)
 
 DIFF_COLOURS = {"+": "#116329", "-": "#a40e26", "@": "#0550ae"}
 
 
 def as_html(view):
     """VIEW as an HTML fragment: a bold title, labelled lines, and blocks in <pre>."""
-    parts = ['<div class="mlplcode" style="font-family: monospace">']
+    parts = [
+        '<div class="mlplcode tex2jax_ignore mathjax_ignore"'
+        ' style="font-family: monospace">'
+    ]
     for kind, label, text in safe_view(view):
         if kind == "title":
             parts.append(f"<p><strong>{html.escape(text)}</strong></p>")

@@ -1,7 +1,6 @@
 """Transcripts: a run rendered from its journal as Markdown, Org or a notebook."""
 
 import os
-import re
 
 from .journal import fold, read_events, waiting_step
 from .show import (
@@ -14,7 +13,8 @@ from .show import (
     stop_view,
     waiting_view,
 )
-from .trust import visible
+from .trust import markdown_text, org_verbatim, visible
+from .verbs import VERB_OF_TOOL
 
 TRANSCRIPT_WORDS = {"decide": "a decision on the last step"}
 
@@ -101,36 +101,41 @@ def one_line(text):
     return text.replace("\n", "\\n")
 
 
+ORG_HEADINGS = {
+    "note": "note from the human",
+    "compact": "compaction",
+    "ask": "waiting",
+    "stop": "stop",
+}
+
+
+def org_heading(kind, number, state):
+    """The heading of a section of KIND: its words, or a step's number and verb."""
+    if kind != "step":
+        return f"* {ORG_HEADINGS[kind]}"
+    tool = state.steps[number - 1].action.get("tool")
+    return f"* step {number}: {VERB_OF_TOOL[tool].name if tool else 'reply not parsed'}"
+
+
 def org(events):
     """The run of EVENTS as an Org document: a title, then a section per note, step and
     stop."""
-    lines = []
-    for kind, _, view in sections(events):
-        view = safe_view(view)
-        title, body = one_line(view[0][2]), view[1:]
-        lines.append(
-            "#+TITLE: " + title.replace("-*-", "-\\x2a-")
-            if kind == "task"
-            else f"* {title}"
-        )
+    lines, state = [], fold(events)
+    for kind, number, view in sections(events):
+        title, body = view[0][2], view[1:]
+        if kind == "task":
+            lines += ["#+TITLE: mlplcode run", org_verbatim(one_line(title))]
+        else:
+            lines.append(org_heading(kind, number, state))
+        if kind == "step":
+            lines.append(org_verbatim(one_line(title)))
         for part, label, text in body:
             if part == "line":
-                lines.append(f"{label}: {one_line(text)}")
+                lines.append(org_verbatim(f"{label}: {one_line(text)}"))
             else:
-                block = "src diff" if part == "diff" else "example"
-                lines += [
-                    f"{label}:",
-                    f"#+begin_{block}",
-                    org_escape(text.rstrip("\n")),
-                    f"#+end_{block.split()[0]}",
-                ]
+                lines += [f"{visible(label)}:", org_verbatim(text.rstrip("\n"))]
         lines.append("")
     return "\n".join(lines)
-
-def org_escape(text):
-    """TEXT with a comma before each line that Org would otherwise read as a heading or
-    a keyword."""
-    return re.sub(r"(?m)^([ \t]*)(,*(?:\*|#\+))", r"\1,\2", text)
 
 def note_source(text):
     """A note as the source of a cell that the kernel reads as that very note."""
@@ -145,9 +150,8 @@ def notebook(events):
     start = state.start
     cells = [
         new_markdown_cell(
-            visible(
-                f"# mlplcode run {start['run']}\n\nRendered from the run's journal."
-            )
+            f"# mlplcode run {markdown_text(start['run'])}\n\nRendered from the run's"
+            " journal."
         ),
         new_code_cell(visible(settings_source(start))),
     ]

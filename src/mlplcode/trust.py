@@ -61,6 +61,26 @@ def visible(text):
     )
     return ACTING_IN_EMACS.sub(lambda match: match[0][:-1] + "\\x3a", shown)
 
+def org_verbatim(text):
+    """TEXT made visible, as Org fixed-width lines, which Org shows as they are: no
+    markup, link, macro, keyword or code is read in them."""
+    return "\n".join(f": {line}" if line else ":" for line in visible(text).split("\n"))
+
+MARKDOWN_MARKUP = re.compile(r"[\\`*_~\[\]<>&#|$]")
+
+
+def markdown_text(text):
+    """TEXT made visible, as one line of Markdown that shows as it reads: each character
+    that could open markup, HTML or LaTeX escaped, and a newline shown as \\n."""
+    return MARKDOWN_MARKUP.sub(r"\\\g<0>", visible(text)).replace("\n", "\\n")
+
+def markdown_block(text, language):
+    """TEXT made visible, in a Markdown fence that nothing inside it can close."""
+    text = visible(text)
+    runs = [len(run) for run in re.findall("`+", text)]
+    fence = "`" * max(3, 1 + max(runs, default=0))
+    return f"{fence}{language}\n{text.rstrip(chr(10))}\n{fence}"
+
 PRIVATE_KEY = re.compile(
     r"----[- ]?BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)? ?-{4,5}"
     r"|-----BEGIN OpenVPN Static key V1-----|PuTTY-User-Key-File-\d+:"

@@ -114,15 +114,16 @@ def test_the_kernel_says_and_fails_in_visible_text(shown):
 
 def test_an_unparsed_reply_titles_its_step(shown):
     assert "reply not parsed: [[elisp\\x3a(setq pwned t)]] \\u202eI will not" in shown["text/plain"]
-    assert "* step 2: reply not parsed: [[elisp\\x3a(setq pwned t)]]" in shown[".org"]
+    assert "* step 2: reply not parsed\n: step 2: reply not parsed: [[elisp\\x3a(setq pwned t)]]" in shown[".org"]
 
 
 def test_the_org_transcript_keeps_one_line_titles_and_no_mode_line():
     from mlplcode.transcript import org
     start = {"type": "start", "task": "t", "budget": 1, "policy": {}, "model": "m", "model_options": {},
              "root": "/r", "run": "x -*- eval: (setq pwned t) -*-\n* a heading"}
-    first, *rest = org([start]).split("\n")
-    assert first == "#+TITLE: mlplcode run x -\\x2a- eval: (setq pwned t) -\\x2a-\\n* a heading"
+    first, second, *rest = org([start]).split("\n")
+    assert first == "#+TITLE: mlplcode run"  # the one line whose -*- Emacs obeys says nothing of the journal's
+    assert second == ": mlplcode run x -*- eval: (setq pwned t) -*-\\n* a heading"
 
 
 # ---------------------------------------------------------------- Emacs, which acts on what it reads
@@ -161,8 +162,10 @@ def test_the_org_transcript_runs_nothing_when_opened_and_followed_in_emacs(shown
 
 
 def test_the_emacs_check_catches_a_live_link_and_a_local_variables_block(shown, tmp_path):
-    """The same transcript with the colons put back: the check above must be able to fail."""
-    live = shown[".org"].replace("elisp\\x3a", "elisp:").replace("Local Variables\\x3a", LOCAL_VARIABLES)
+    """The same transcript with the colons put back and its text out of the fixed-width lines: the
+    check above must be able to fail."""
+    live = re.sub(r"(?m)^: ?", "", shown[".org"])
+    live = live.replace("elisp\\x3a", "elisp:").replace("Local Variables\\x3a", LOCAL_VARIABLES)
     for text in (live, live.replace(LOCAL_VARIABLES, "Local Values:"), live.replace("elisp:", "nolink:")):
         path = tmp_path / "live.org"
         path.write_text(text, encoding="utf-8")
