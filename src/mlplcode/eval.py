@@ -28,9 +28,10 @@ from .prompt import Rendered, build_context
 from .protocol import headline
 from .tools.paths import DRIVE, denial_reason, ignore_rules
 from .tools.project import NO_RULES, find_secret_files, open_project, planted_secrets
+from .tools.read import COPY, DIRECTORY, FILE, LINK, judge_tree
 from .tools.run import git_settings, protected_paths, run_tests, show_output, survey
 from .tools.write import AGENT_FILES
-from .trust import visible
+from .trust import inside, visible
 from .verify import real_directories, remove
 
 TASK_TEXT, PROJECT, CHECK, SETTINGS = "task.md", "project", "check", "settings.json"
@@ -81,20 +82,17 @@ def load_settings(path):
     return budget, policy, tuple(may_change)
 
 def check_tree(directory):
-    """Refuse, in DIRECTORY, what cannot travel with a task: special files, and links
-    that leave it."""
+    """Refuse, in DIRECTORY, what cannot travel with a task: what a copy leaves out, and
+    links that leave it."""
     real = os.path.realpath(directory)
-    for parent, subdirectories, files in os.walk(directory):
-        for name in subdirectories + files:
-            path = os.path.join(parent, name)
-            mode = os.lstat(path).st_mode
-            if (
-                stat.S_ISLNK(mode)
-                and os.path.commonpath([real, os.path.realpath(path)]) != real
-            ):
-                raise ValueError(f"{path}: a link that leads out of the task")
-            if not (stat.S_ISLNK(mode) or stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                raise ValueError(f"{path}: not a file, a directory or a link")
+    for relative, _, _, kind in judge_tree(real, lambda relative: COPY):
+        path = os.path.join(directory, relative)
+        if kind == LINK and not inside(os.path.realpath(path), real):
+            raise ValueError(f"{path}: a link that leads out of the task")
+        if kind not in (LINK, DIRECTORY, FILE):
+            raise ValueError(
+                f"{path}: {kind}, not a file, a directory or a link a task can carry"
+            )
 
 def check_tests(directory):
     """The test files of the check in DIRECTORY, by their paths inside it."""
