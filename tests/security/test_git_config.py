@@ -105,6 +105,20 @@ def separate_git_directory(root, outside, marker):
     set_all(outside / "elsewhere.git", evil(marker), "--file", str(outside / "elsewhere.git" / "config"))
 
 
+def git_directory_through_a_link(root, outside, marker):
+    committed(root)
+    os.rename(root / ".git", outside / "real.git")
+    os.symlink(outside / "real.git", root / ".git")
+    set_all(root, evil(marker))  # outside/real.git/config, read through the link
+
+
+def settings_file_through_a_link(root, outside, marker):
+    committed(root)
+    git(root, "config", "extensions.worktreeConfig", "true")
+    set_all(root, evil(marker), "--file", str(outside / "settings.cfg"))
+    os.symlink(outside / "settings.cfg", root / ".git" / "config.worktree")
+
+
 def submodule(root, outside, marker):
     source = outside / "source"
     source.mkdir()
@@ -139,7 +153,8 @@ def system_and_global(root, outside, marker, monkeypatch):
 
 
 VARIANTS = [in_config, in_config_worktree, include_from_config_worktree, include_if_from_config,
-            linked_worktree, linked_worktree_common_config, separate_git_directory, submodule,
+            linked_worktree, linked_worktree_common_config, separate_git_directory,
+            git_directory_through_a_link, settings_file_through_a_link, submodule,
             in_the_environment, system_and_global]
 FROM_THE_ENVIRONMENT = (in_the_environment, system_and_global)
 

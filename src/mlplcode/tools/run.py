@@ -37,12 +37,20 @@ def repository_settings(top: str, metadata) -> list[str]:
     dot_gits = [os.path.join(top, ".git")] + [
         path for path in metadata if os.path.basename(path).casefold() == ".git"
     ]
-    directories = [
-        directory
-        for path in dot_gits
-        for directory in repository_directories(os.path.dirname(path))
-    ]
-    return sorted(set(git_settings(directories + list(metadata))))
+    directories = {
+        os.path.realpath(directory)
+        for path in [*dot_gits, *metadata]
+        for directory in [path, *repository_directories(os.path.dirname(path))]
+    }
+    return sorted(
+        {
+            path
+            for directory in directories
+            if os.path.isdir(directory)
+            for path in settings_places(directory)
+            if os.path.isfile(path)
+        }
+    )
 
 # Settings that make git run a program, read other settings, or look at another
 # directory.
@@ -242,25 +250,28 @@ GIT_SETTINGS = ("config", "config.worktree")
 NESTED_REPOSITORIES = ("modules", "worktrees")
 
 
+def settings_places(directory: str) -> list[str]:
+    """Where git looks for the settings of the git directory DIRECTORY and of the
+    submodules and worktrees it holds, whether a file is there or not."""
+    parents = [directory]
+    for name in NESTED_REPOSITORIES:
+        nested = os.path.join(directory, name)
+        if os.path.isdir(nested) and not os.path.islink(nested):
+            parents += [parent for parent, _, _ in os.walk(nested)]
+    return [os.path.join(parent, name) for parent in parents for name in GIT_SETTINGS]
+
+
 def git_settings(metadata) -> list[str]:
     """The settings files of the git directories among METADATA (paths), their
-    submodules' and worktrees' included, links not followed: what a test may not read,
-    and what RUN git is judged by."""
-    found = []
-    for directory in metadata:
-        if os.path.islink(directory) or not os.path.isdir(directory):
-            continue
-        parents = [directory]
-        for name in NESTED_REPOSITORIES:
-            nested = os.path.join(directory, name)
-            if os.path.isdir(nested) and not os.path.islink(nested):
-                parents += [parent for parent, _, _ in os.walk(nested)]
-        for parent in parents:
-            for name in GIT_SETTINGS:
-                path = os.path.join(parent, name)
-                if os.path.isfile(path) and not os.path.islink(path):
-                    found.append(path)
-    return found
+    submodules' and worktrees' included, links not followed: what a test may not
+    read."""
+    return [
+        path
+        for directory in metadata
+        if os.path.isdir(directory) and not os.path.islink(directory)
+        for path in settings_places(directory)
+        if os.path.isfile(path) and not os.path.islink(path)
+    ]
 
 def protected_paths(root: str, metadata: dict) -> list[str]:
     """What a sandboxed program may read but not change: the agent's own files, git's
