@@ -10,7 +10,6 @@ import math
 import multiprocessing
 import os
 import re
-import shutil
 import stat
 import sys
 import tarfile
@@ -28,7 +27,7 @@ from .prompt import Rendered, build_context
 from .protocol import headline
 from .tools.paths import DRIVE, denial_reason, ignore_rules
 from .tools.project import NO_RULES, find_secret_files, open_project, planted_secrets
-from .tools.read import COPY, DIRECTORY, FILE, LINK, judge_tree
+from .tools.read import COPY, DIRECTORY, FILE, LINK, copy_regular, judge_tree
 from .tools.run import git_settings, protected_paths, run_tests, show_output, survey
 from .tools.write import AGENT_FILES
 from .trust import inside, visible
@@ -267,18 +266,23 @@ def run_trial(inputs):
     }
 
 def lay_over(source, root):
-    """Copy each file under SOURCE to the same path under ROOT, replacing what is there.
+    """Copy each file and link under SOURCE to the same path under ROOT, replacing what
+    is there.
 
     A link, or a file, where a directory of SOURCE goes is removed first, so
     no copy can land outside ROOT.
     """
-    for parent, _, files in os.walk(source):
-        relative = os.path.relpath(parent, source)
-        parts = [] if relative == "." else relative.split(os.sep)
-        target = real_directories(root, parts)
-        for name in files:
-            remove(os.path.join(target, name))
-            shutil.copyfile(os.path.join(parent, name), os.path.join(target, name))
+    for relative, info, _, kind in judge_tree(source, lambda relative: COPY):
+        parts = relative.split(os.sep)
+        directory = real_directories(root, parts if kind == DIRECTORY else parts[:-1])
+        path = os.path.join(source, relative)
+        target = os.path.join(directory, parts[-1])
+        if kind in (LINK, FILE):
+            remove(target)
+        if kind == LINK:
+            os.symlink(os.readlink(path), target)
+        elif kind == FILE:
+            copy_regular(path, info, target)
 
 def check_argv(root, tests):
     """The pytest command of a hidden check: its own tests, and nothing the project
