@@ -1,9 +1,11 @@
 """Every settings file git reads for a repository, attacked: a filter that a setting names and
-.gitattributes turns on, planted in .git/config, .git/config.worktree, a linked worktree's own
-settings or its common directory's, a separate git directory, a file an include names, a
-submodule's settings, the environment, and the system's settings. Each would write a marker
-in the project when git runs it (where a sandboxed program may write); RUN git status and git diff, in the sandbox and without it,
-and the git that mlplcode itself runs when it opens the project, must never run it."""
+.gitattributes turns on, with an fsmonitor, an external diff, a diff driver and a pager beside
+it, planted in .git/config, .git/config.worktree, a file an include names, a linked worktree's
+own settings or its common directory's, a separate git directory, a .git or a settings file
+that is a link, a submodule's settings, the environment, and the system's and user's settings.
+Each writes a marker in the project when git runs it (where a sandboxed program may write);
+RUN git status and git diff, in the sandbox and without it, and the git that mlplcode itself
+runs when it opens the project, must never run it."""
 import os
 import subprocess
 
@@ -23,9 +25,12 @@ def git(directory, *arguments, check=True):
 
 
 def evil(marker):
-    """A filter's settings: each of its programs writes MARKER, then passes the file through."""
+    """Settings that run a program, each of which writes MARKER: a filter's (then passing the file
+    through), an fsmonitor, an external diff, a diff driver's and a pager."""
     return {"filter.evil.clean": f"touch {marker}; cat", "filter.evil.smudge": f"touch {marker}; cat",
-            "filter.evil.process": f"touch {marker}"}
+            "filter.evil.process": f"touch {marker}", "core.fsmonitor": f"touch {marker}",
+            "diff.external": f"touch {marker}", "diff.evil.textconv": f"touch {marker}; cat",
+            "diff.evil.command": f"touch {marker}", "core.pager": f"touch {marker}; cat"}
 
 
 def committed(directory):
@@ -36,7 +41,7 @@ def committed(directory):
     git(directory, "add", "a.txt")
     git(directory, "commit", "-qm", "a")
     (directory / "a.txt").write_text("two\n")
-    (directory / ".gitattributes").write_text("* filter=evil\n")
+    (directory / ".gitattributes").write_text("* filter=evil diff=evil\n")
 
 
 def set_all(directory, settings, *where):
@@ -60,15 +65,13 @@ def in_config_worktree(root, outside, marker):
 def include_from_config_worktree(root, outside, marker):
     committed(root)
     git(root, "config", "extensions.worktreeConfig", "true")
-    (root / "settings.cfg").write_text("".join(f"[filter \"evil\"]\n\t{name.split('.')[-1]} = {value}\n"
-                                               for name, value in evil(marker).items()))
+    set_all(root, evil(marker), "--file", str(root / "settings.cfg"))
     git(root, "config", "--worktree", "include.path", str(root / "settings.cfg"))
 
 
 def include_if_from_config(root, outside, marker):
     committed(root)
-    (outside / "settings.cfg").write_text("".join(f"[filter \"evil\"]\n\t{name.split('.')[-1]} = {value}\n"
-                                                  for name, value in evil(marker).items()))
+    set_all(root, evil(marker), "--file", str(outside / "settings.cfg"))
     git(root, "config", "includeIf.gitdir:/.path", str(outside / "settings.cfg"))
 
 
@@ -101,7 +104,7 @@ def separate_git_directory(root, outside, marker):
     git(root, "add", "a.txt")
     git(root, "commit", "-qm", "a")
     (root / "a.txt").write_text("two\n")
-    (root / ".gitattributes").write_text("* filter=evil\n")
+    (root / ".gitattributes").write_text("* filter=evil diff=evil\n")
     set_all(outside / "elsewhere.git", evil(marker), "--file", str(outside / "elsewhere.git" / "config"))
 
 
@@ -128,7 +131,7 @@ def submodule(root, outside, marker):
     git(root, "submodule", "add", "-q", str(source), "sub")
     git(root, "commit", "-qm", "sub")
     (root / "sub" / "a.txt").write_text("two\n")
-    (root / "sub" / ".gitattributes").write_text("* filter=evil\n")
+    (root / "sub" / ".gitattributes").write_text("* filter=evil diff=evil\n")
     set_all(root / "sub", evil(marker))  # root/.git/modules/sub/config
 
 
