@@ -108,6 +108,16 @@ def separate_git_directory(root, outside, marker):
     set_all(outside / "elsewhere.git", evil(marker), "--file", str(outside / "elsewhere.git" / "config"))
 
 
+def hooks(root, outside, marker):
+    committed(root)
+    for directory in (root / ".git" / "hooks", root / "hooks"):
+        directory.mkdir(exist_ok=True)
+        (directory / "post-index-change").write_text(f"#!/bin/sh\ntouch {marker}\n")
+        os.chmod(directory / "post-index-change", 0o755)
+    git(root, "config", "extensions.worktreeConfig", "true")
+    git(root, "config", "--worktree", "core.hooksPath", str(root / "hooks"))
+
+
 def git_directory_through_a_link(root, outside, marker):
     committed(root)
     os.rename(root / ".git", outside / "real.git")
@@ -157,7 +167,7 @@ def system_and_global(root, outside, marker, monkeypatch):
 
 VARIANTS = [in_config, in_config_worktree, include_from_config_worktree, include_if_from_config,
             linked_worktree, linked_worktree_common_config, separate_git_directory,
-            git_directory_through_a_link, settings_file_through_a_link, submodule,
+            git_directory_through_a_link, settings_file_through_a_link, hooks, submodule,
             in_the_environment, system_and_global]
 FROM_THE_ENVIRONMENT = (in_the_environment, system_and_global)
 
