@@ -3,7 +3,6 @@
 import hashlib
 import json
 import os
-import shutil
 
 from .agent import (
     StrangersJournal,
@@ -16,6 +15,7 @@ from .agent import (
     vouch_problem,
 )
 from .journal import append_event, fold, read_events
+from .tools.read import copy_tree
 from .trust import inside
 
 def events_before(events, at):
@@ -148,7 +148,7 @@ def fork(journal, at, new_journal=None, root=None, trust_journal=False):
     )
     new_journal = journal_path(new_journal, copy, run)
     untold = [step.number for step in state.steps[at - 1 :] if ran_tests(step)]
-    shutil.copytree(root, copy, symlinks=True)
+    copy_tree(root, copy)
     restore(copy, texts)
     os.makedirs(os.path.dirname(new_journal), exist_ok=True)
     after_start, start = kept[kept.index(state.start) + 1 :], {

@@ -5,7 +5,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import sys
 import tempfile
 
@@ -18,6 +17,7 @@ from .models import (
     ModelError,
     settled_line,
 )
+from .tools.read import copy_tree
 from .trust import visible
 
 EXAMPLES = os.path.join(
@@ -294,7 +294,8 @@ def command_demo(args):
             f"the demo needs the examples of a source checkout; {journal} not found"
         )
     with tempfile.TemporaryDirectory(prefix="mlplcode-demo-") as scratch:
-        root = shutil.copytree(project, os.path.join(scratch, "add"))
+        root = os.path.join(scratch, "add")
+        copy_tree(project, root)
         print(
             f"demo: replaying {os.path.relpath(journal)} on a fresh copy of"
             " examples/add"

@@ -10,7 +10,6 @@ import math
 import multiprocessing
 import os
 import re
-import shutil
 import stat
 import sys
 import tarfile
@@ -28,9 +27,10 @@ from .prompt import Rendered, build_context
 from .protocol import headline
 from .tools.paths import DRIVE, denial_reason, ignore_rules
 from .tools.project import NO_RULES, find_secret_files, open_project, planted_secrets
+from .tools.read import COPY, DIRECTORY, FILE, LINK, copy_regular, judge_tree
 from .tools.run import git_settings, protected_paths, run_tests, show_output, survey
 from .tools.write import AGENT_FILES
-from .trust import markdown_text, visible
+from .trust import inside, markdown_text, visible
 from .verify import real_directories, remove
 
 TASK_TEXT, PROJECT, CHECK, SETTINGS = "task.md", "project", "check", "settings.json"
@@ -81,20 +81,17 @@ def load_settings(path):
     return budget, policy, tuple(may_change)
 
 def check_tree(directory):
-    """Refuse, in DIRECTORY, what cannot travel with a task: special files, and links
-    that leave it."""
+    """Refuse, in DIRECTORY, what cannot travel with a task: what a copy leaves out, and
+    links that leave it."""
     real = os.path.realpath(directory)
-    for parent, subdirectories, files in os.walk(directory):
-        for name in subdirectories + files:
-            path = os.path.join(parent, name)
-            mode = os.lstat(path).st_mode
-            if (
-                stat.S_ISLNK(mode)
-                and os.path.commonpath([real, os.path.realpath(path)]) != real
-            ):
-                raise ValueError(f"{path}: a link that leads out of the task")
-            if not (stat.S_ISLNK(mode) or stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                raise ValueError(f"{path}: not a file, a directory or a link")
+    for relative, _, _, kind in judge_tree(real, lambda relative: COPY):
+        path = os.path.join(directory, relative)
+        if kind == LINK and not inside(os.path.realpath(path), real):
+            raise ValueError(f"{path}: a link that leads out of the task")
+        if kind not in (LINK, DIRECTORY, FILE):
+            raise ValueError(
+                f"{path}: {kind}, not a file, a directory or a link a task can carry"
+            )
 
 def check_tests(directory):
     """The test files of the check in DIRECTORY, by their paths inside it."""
@@ -269,18 +266,23 @@ def run_trial(inputs):
     }
 
 def lay_over(source, root):
-    """Copy each file under SOURCE to the same path under ROOT, replacing what is there.
+    """Copy each file and link under SOURCE to the same path under ROOT, replacing what
+    is there.
 
     A link, or a file, where a directory of SOURCE goes is removed first, so
     no copy can land outside ROOT.
     """
-    for parent, _, files in os.walk(source):
-        relative = os.path.relpath(parent, source)
-        parts = [] if relative == "." else relative.split(os.sep)
-        target = real_directories(root, parts)
-        for name in files:
-            remove(os.path.join(target, name))
-            shutil.copyfile(os.path.join(parent, name), os.path.join(target, name))
+    for relative, info, _, kind in judge_tree(source, lambda relative: COPY):
+        parts = relative.split(os.sep)
+        directory = real_directories(root, parts if kind == DIRECTORY else parts[:-1])
+        path = os.path.join(source, relative)
+        target = os.path.join(directory, parts[-1])
+        if kind in (LINK, FILE):
+            remove(target)
+        if kind == LINK:
+            os.symlink(os.readlink(path), target)
+        elif kind == FILE:
+            copy_regular(path, info, target)
 
 def check_argv(root, tests):
     """The pytest command of a hidden check: its own tests, and nothing the project

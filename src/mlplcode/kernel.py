@@ -3,7 +3,6 @@
 import argparse
 import difflib
 import os
-import shutil
 import signal
 import tempfile
 import traceback
@@ -28,6 +27,7 @@ from .show import (
     step_title,
     verdict_text,
 )
+from .tools.read import copy_tree
 from .transcript import save, transcript_view
 from .trust import visible
 
@@ -333,13 +333,17 @@ class MlplcodeKernel(Kernel):
             raise UsageError(
                 f"%root: {path!r} is not a directory; use %root DIR or %root --copy DIR"
             )
+        left_out = []
         if copy:
             name = os.path.basename(os.path.realpath(path))
-            path = shutil.copytree(
-                path, os.path.join(tempfile.mkdtemp(prefix="mlplcode-"), name)
-            )
+            target = os.path.join(tempfile.mkdtemp(prefix="mlplcode-"), name)
+            left_out, path = copy_tree(path, target), target
         self.settings["root"] = os.path.realpath(path)
-        self.say(f"root: {self.settings['root']}" + (" (a fresh copy)" if copy else ""))
+        self.say(
+            f"root: {self.settings['root']}"
+            + (" (a fresh copy)" if copy else "")
+            + "".join(f"\nleft out of the copy: {entry}" for entry in left_out)
+        )
 
     def command_model(self, argument):
         spec, options = model_setting(argument)

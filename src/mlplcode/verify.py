@@ -14,8 +14,9 @@ from .commands import PYTEST_PREFIXES, parse_command
 from .policy import test_configuration
 from .tools.paths import ignore_rules, is_secret_name
 from .tools.project import open_project
+from .tools.read import COPY, EMPTY, OUT, copied_link, copy_tree
 from .tools.run import counted
-from .trust import inside, redact
+from .trust import redact
 from .verbs import execute
 
 def succeeded(step, tools):
@@ -328,62 +329,20 @@ def test_changes(state, project, changed=None):
     changed = changed_files(state, project.root) if changed is None else changed
     return {"touched": touches(state, changed), "diff": tests_diff(changed, project)}
 
-def copied_link(source, target, path, link):
-    """What a link at PATH (relative) in the copy TARGET holds, for a link LINK at PATH
-    in SOURCE:
-    the same place in the copy when LINK leads into the project, LINK itself otherwise.
-    """
-    real = os.path.realpath(os.path.join(source, os.path.dirname(path), link))
-    return (
-        os.path.join(target, os.path.relpath(real, source))
-        if inside(real, source)
-        else link
-    )
-
 LEFT_OUT = (".git", "__pycache__", ".pytest_cache")
+
+
+def treated_in_copy(relative):
+    """How the copy of the tests treats the path RELATIVE: caches and .git left out,
+    secrets emptied."""
+    name = os.path.basename(relative)
+    return OUT if name in LEFT_OUT else EMPTY if is_secret_name(name) else COPY
 
 
 def copy_project(source, target):
     """Copy the project at SOURCE to the new directory TARGET, as a test run would see
     it."""
-    os.mkdir(target)
-    for directory, subdirectories, files in os.walk(source):
-        here = os.path.join(target, os.path.relpath(directory, source))
-        entered = []
-        for name in subdirectories:
-            path, copy = os.path.join(directory, name), os.path.join(here, name)
-            if name in LEFT_OUT:
-                continue
-            if os.path.islink(path):
-                copy_file(source, target, os.path.relpath(path, source))
-                continue
-            os.mkdir(copy)
-            if not is_secret_name(name):
-                entered.append(name)
-        subdirectories[:] = entered
-        for name in files:
-            if name not in LEFT_OUT:
-                copy_file(
-                    source,
-                    target,
-                    os.path.relpath(os.path.join(directory, name), source),
-                )
-
-def copy_file(source, target, relative):
-    """Copy one file from SOURCE to TARGET: a link as a link, a secret as an empty file,
-    a regular file with its mode."""
-    path, copy = os.path.join(source, relative), os.path.join(target, relative)
-    if os.path.islink(path):
-        os.symlink(copied_link(source, target, relative, os.readlink(path)), copy)
-    elif is_secret_name(os.path.basename(path)):
-        open(copy, "w").close()
-    else:
-        source = open_regular(path)
-        if source is None:
-            return
-        with source, open(copy, "wb") as target:
-            shutil.copyfileobj(source, target)
-            os.chmod(copy, stat.S_IMODE(os.fstat(source.fileno()).st_mode))
+    copy_tree(source, target, treated_in_copy)
 
 def remove(path):
     """Remove whatever is at PATH, if anything: a link, never what it leads to."""

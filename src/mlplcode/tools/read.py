@@ -1,8 +1,12 @@
-"""Reading: text files of modest size, opened without following a link."""
+"""Reading: text files of modest size, opened without following a link, and copies of
+a tree."""
 
+import collections
 import os
+import shutil
 import stat
 
+from ..trust import inside
 from . import PathRefused, observation
 from .paths import open_directory, resolve_path
 
@@ -133,3 +137,113 @@ def read_if_text(path: str) -> str | None:
         return decode_text(read_bytes(path, path))
     except (PathRefused, OSError):
         return None
+
+LINK, DIRECTORY, FILE = "a link", "a directory", "a file"
+
+
+def copied_as(info: os.stat_result, names_inside: int) -> str:
+    """What a copy makes of an entry with the lstat INFO and NAMES_INSIDE names in the
+    tree: LINK, DIRECTORY or FILE, or, for an entry left out, why."""
+    if stat.S_ISLNK(info.st_mode):
+        return LINK
+    if stat.S_ISDIR(info.st_mode):
+        return DIRECTORY
+    if not stat.S_ISREG(info.st_mode):
+        return kind_of(info.st_mode)
+    if info.st_nlink > names_inside:
+        return "a file with a hard link outside the tree"
+    return FILE
+
+def copied_link(source: str, target: str, path: str, link: str) -> str:
+    """What a link at PATH (relative) in the copy TARGET holds, for a link LINK at PATH
+    in SOURCE: the same place in the copy when LINK leads into SOURCE, LINK itself
+    otherwise."""
+    real = os.path.realpath(os.path.join(source, os.path.dirname(path), link))
+    if not inside(real, source):
+        return link
+    written = os.path.normpath(os.path.join(os.path.dirname(path), link))
+    if os.path.isabs(link) or written.split("/")[0] == "..":
+        return os.path.join(target, os.path.relpath(real, source))
+    return link
+
+def copy_regular(path: str, info: os.stat_result, copy: str) -> bool:
+    """Copy the regular file at PATH, whose lstat the walk gave as INFO, to the new file
+    COPY with its mode and times; False, and nothing made, when PATH is no longer it."""
+    try:
+        descriptor = os.open(
+            path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        )
+    except OSError:
+        return False
+    with os.fdopen(descriptor, "rb") as source:
+        opened = os.fstat(descriptor)
+        if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino) or not (
+            stat.S_ISREG(opened.st_mode)
+        ):
+            return False
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(copy, flags, 0o600), "wb") as target:
+            shutil.copyfileobj(source, target)
+            os.fchmod(target.fileno(), stat.S_IMODE(opened.st_mode))
+    os.utime(copy, ns=(opened.st_atime_ns, opened.st_mtime_ns))
+    return True
+
+COPY, OUT, EMPTY = "copy", "out", "empty"
+
+
+def walk_tree(source: str, treat) -> list[tuple[str, os.stat_result, str]]:
+    """Each entry under SOURCE that TREAT does not leave OUT, as (its relative path, its
+    lstat, its treatment), parents first; no link is followed."""
+    entries = []
+    for parent, subdirectories, files in os.walk(source):
+        entered = []
+        for name in sorted(subdirectories + files):
+            path = os.path.join(parent, name)
+            relative, info = os.path.relpath(path, source), os.lstat(path)
+            treatment = treat(relative)
+            if treatment != OUT:
+                entries.append((relative, info, treatment))
+            if name in subdirectories and treatment == COPY:
+                entered.append(name)
+        subdirectories[:] = entered
+    return entries
+
+def judge_tree(source: str, treat) -> list[tuple[str, os.stat_result, str, str]]:
+    """Each entry of walk_tree(SOURCE, TREAT), with what a copy makes of it, as
+    (relative path, lstat, treatment, copied_as)."""
+    entries = walk_tree(source, treat)
+    names = collections.Counter((info.st_dev, info.st_ino) for _, info, _ in entries)
+    return [
+        (relative, info, treatment, copied_as(info, names[info.st_dev, info.st_ino]))
+        for relative, info, treatment in entries
+    ]
+
+def copy_tree(source: str, target: str, treat=lambda relative: COPY) -> list[str]:
+    """Copy the tree at SOURCE to the new directory TARGET without following a link or
+    reading a special file; give what was left out, each with why."""
+    source, left_out, directories, copies = os.path.realpath(source), [], [], {}
+    entries = judge_tree(source, treat)
+    os.makedirs(target)
+    for relative, info, treatment, kind in entries:
+        path, copy, inode = (
+            os.path.join(source, relative),
+            os.path.join(target, relative),
+            (info.st_dev, info.st_ino),
+        )
+        if kind == LINK:
+            os.symlink(copied_link(source, target, relative, os.readlink(path)), copy)
+        elif kind == DIRECTORY:
+            os.mkdir(copy)
+            directories.append((copy, stat.S_IMODE(info.st_mode)))
+        elif kind == FILE and treatment == EMPTY:
+            open(copy, "x").close()
+        elif kind == FILE and inode in copies:
+            os.link(copies[inode], copy)
+        elif kind == FILE and copy_regular(path, info, copy):
+            copies[inode] = copy
+        else:
+            why = "changed while it was copied" if kind == FILE else kind
+            left_out.append(f"{relative}: {why}, left out")
+    for copy, mode in reversed(directories):
+        os.chmod(copy, mode)
+    return left_out

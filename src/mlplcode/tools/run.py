@@ -31,27 +31,61 @@ from . import failure, observation
 from .paths import ignore_rules, open_directory, resolve_path
 from .write import AGENT_FILES, GIT_DIRECTORY_NAMES, GIT_FILES
 
-# Repository settings that make git status or diff run a program or read another
-# repository.
+def repository_settings(top: str, metadata) -> list[str]:
+    """Every settings file git may read in the project: those of the repository of
+    work tree TOP and of each repository among METADATA (survey's), with their
+    submodules' and work trees'."""
+    dot_gits = [os.path.join(top, ".git")] + [
+        path for path in metadata if os.path.basename(path).casefold() == ".git"
+    ]
+    directories = {
+        os.path.realpath(directory)
+        for path in [*dot_gits, *metadata]
+        for directory in [path, *repository_directories(os.path.dirname(path))]
+    }
+    return sorted(
+        {
+            path
+            for directory in directories
+            if os.path.isdir(directory)
+            for path in settings_places(directory)
+            if os.path.isfile(path)
+        }
+    )
+
+# Settings that make git run a program, read other settings, or look at another
+# directory.
 RISKY_GIT_SETTINGS = re.compile(
     r"filter\.|include\.|includeif\.|core\.worktree|core\.fsmonitor"
-    r"|diff\.external|diff\..*\.(command|textconv)|core\.pager"
+    r"|core\.hookspath|diff\.external|diff\..*\.(command|textconv)|core\.pager"
+    r"|pager\.|core\.(sshcommand|gitproxy|askpass|editor|alternaterefscommand)"
+    r"|sequence\.editor|credential\.|gpg\.|alias\.|uploadpack\.|receivepack\."
+    r"|remote\..*\.(uploadpack|receivepack)|merge\..*\.driver"
+    r"|interactive\.difffilter|submodule\..*\.update"
 )
 
 
-def risky_git_settings(git: str, root: str, environment: dict) -> list[str]:
-    """The settings of the repository at root that git status or diff could act on."""
-    listed = subprocess.run(
-        [git, "config", "--local", "--name-only", "--list"],
-        cwd=root,
-        env=environment,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=10,
-    )
-    return [name for name in listed.stdout.split() if RISKY_GIT_SETTINGS.match(name)]
+def risky_git_settings(git: str, files: list[str], environment: dict) -> list[str]:
+    """The settings in FILES that git status or diff could act on, each named with its
+    file; a file git cannot read is named too."""
+    found = []
+    for path in files:
+        listed = subprocess.run(
+            [git, "config", "--file", path, "--name-only", "--list"],
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=10,
+        )
+        names = listed.stdout.split() if listed.returncode == 0 else ["(unreadable)"]
+        found += [
+            f"{name} in {path}"
+            for name in names
+            if name == "(unreadable)" or RISKY_GIT_SETTINGS.match(name)
+        ]
+    return found
 
 def repository_of(root: str) -> str:
     """The work tree of the repository ROOT lies in: ROOT or the nearest directory above
@@ -217,24 +251,28 @@ GIT_SETTINGS = ("config", "config.worktree")
 NESTED_REPOSITORIES = ("modules", "worktrees")
 
 
-def git_settings(metadata: dict) -> list[str]:
-    """The settings files of the git directories among METADATA, their submodules' and
-    worktrees' included, links not followed: what a test may not read."""
-    found = []
-    for directory in metadata:
-        if os.path.islink(directory) or not os.path.isdir(directory):
-            continue
-        parents = [directory]
-        for name in NESTED_REPOSITORIES:
-            nested = os.path.join(directory, name)
-            if os.path.isdir(nested) and not os.path.islink(nested):
-                parents += [parent for parent, _, _ in os.walk(nested)]
-        for parent in parents:
-            for name in GIT_SETTINGS:
-                path = os.path.join(parent, name)
-                if os.path.isfile(path) and not os.path.islink(path):
-                    found.append(path)
-    return found
+def settings_places(directory: str) -> list[str]:
+    """Where git looks for the settings of the git directory DIRECTORY and of the
+    submodules and worktrees it holds, whether a file is there or not."""
+    parents = [directory]
+    for name in NESTED_REPOSITORIES:
+        nested = os.path.join(directory, name)
+        if os.path.isdir(nested) and not os.path.islink(nested):
+            parents += [parent for parent, _, _ in os.walk(nested)]
+    return [os.path.join(parent, name) for parent in parents for name in GIT_SETTINGS]
+
+
+def git_settings(metadata) -> list[str]:
+    """The settings files of the git directories among METADATA (paths), their
+    submodules' and worktrees' included, links not followed: what a test may not
+    read."""
+    return [
+        path
+        for directory in metadata
+        if os.path.isdir(directory) and not os.path.islink(directory)
+        for path in settings_places(directory)
+        if os.path.isfile(path) and not os.path.islink(path)
+    ]
 
 def protected_paths(root: str, metadata: dict) -> list[str]:
     """What a sandboxed program may read but not change: the agent's own files, git's
@@ -492,6 +530,11 @@ def run_command(action: dict, project) -> dict:
             " where a write could change what it runs on this machine; install"
             " mlplcode outside the project (pipx, or a virtual environment elsewhere)"
         )
+    masked, metadata = survey(
+        root, ignore_rules(project, ".mlplcodeignore"), project.secret_files
+    )
+    if kind == "run":
+        masked += git_settings(metadata)
     if kind == "git":
         if not project.programs["git"]:
             return failure(
@@ -505,19 +548,14 @@ def run_command(action: dict, project) -> dict:
         ]
         risky = risky_git_settings(
             project.programs["git"],
-            root,
-            {**child_environment(root, root), **variables},
+            repository_settings(top, metadata),
+            child_environment(root, root),
         )
         if risky:
             return failure(
                 f"the repository sets {', '.join(risky)}, which git status or diff"
                 " could act on; RUN git is refused in this repository"
             )
-    masked, metadata = survey(
-        root, ignore_rules(project, ".mlplcodeignore"), project.secret_files
-    )
-    if kind == "run":
-        masked += git_settings(metadata)
     start = run_tests if kind == "run" else run_process
     try:
         result = start(
