@@ -155,3 +155,10 @@ def test_find_program_skips_empty_relative_and_project_entries(monkeypatch, tmp_
     monkeypatch.chdir(root)
     monkeypatch.setenv("PATH", f"{root}/.venv/bin:{root}/node_modules/.bin::.:bin")
     assert trust.find_program("rg", str(root)) is None
+
+
+def test_holds_invisible_finds_what_is_invisible_finds_char_by_char():
+    for code in [*range(0x250), *range(0x2000, 0x2070), 0x3000, 0x3164, 0xfeff, 0xe0041, 0x1f600]:
+        char = chr(code)
+        assert trust.holds_invisible(f"a/{char}/b") == trust.is_invisible(char), hex(code)
+    assert not trust.holds_invisible("src/tests/test_calc.py") and trust.holds_invisible("a\u202eb")

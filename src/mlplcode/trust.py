@@ -61,6 +61,10 @@ def visible(text):
     )
     return ACTING_IN_EMACS.sub(lambda match: match[0][:-1] + "\\x3a", shown)
 
+def holds_invisible(text):
+    """Whether TEXT holds a character that visible would show as an escape."""
+    return any(map(is_invisible, OUTSIDE_PRINTABLE_ASCII.findall(text)))
+
 def org_verbatim(text):
     """TEXT made visible, as Org fixed-width lines, which Org shows as they are: no
     markup, link, macro, keyword or code is read in them."""

@@ -7,7 +7,7 @@ import re
 
 import pathspec
 
-from ..trust import inside, is_invisible, visible
+from ..trust import holds_invisible, inside, visible
 from . import PathRefused
 
 SECRET_NAMES = (
@@ -209,7 +209,7 @@ def spelling_problem(path: str) -> str | None:
         return "not a usable path"
     if len(path) > PATH_MAX_CHARS:
         return f"longer than {PATH_MAX_CHARS} characters"
-    if any(is_invisible(char) for char in path):
+    if holds_invisible(path):
         return "holds control or invisible characters; write the path in plain text"
     if os.path.isabs(path) or DRIVE.match(path) or path.startswith("\\\\"):
         return "absolute paths are refused (drive and UNC forms too)"
