@@ -123,7 +123,12 @@ def build(world, setup):
             if not os.access(at.parent, os.W_OK):
                 pytest.skip(f"a socket in {at.parent} needs root")
             server = socket.socket(socket.AF_UNIX)
-            server.bind(str(at))
+            here = os.getcwd()
+            os.chdir(at.parent)  # bound by its short name: a socket's path may hold only 107 bytes
+            try:
+                server.bind(at.name)
+            finally:
+                os.chdir(here)
             server.listen()
             server.setblocking(False)
             listeners.append((server, at))
