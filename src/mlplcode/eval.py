@@ -742,10 +742,8 @@ def chart(report):
             fontsize="small",
         )
     success.set_xlim(0, 115)
-    success.set_yticks(
-        list(rows),
-        [visible(f"{model['model']}: {short_name(model['spec'])}") for model in models],
-    )
+    labels = [visible(f"{m['model']}: {short_name(m['spec'])}") for m in models]
+    success.set_yticks(list(rows), [label.replace("$", r"\$") for label in labels])
     success.invert_yaxis()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100, metadata={"Software": None})

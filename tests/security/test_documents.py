@@ -204,3 +204,13 @@ def test_the_eval_report_shows_task_names_and_specs_as_text(tmp_path):
     for table in re.findall(r"<table>.*?</table>", page, re.S)[1:]:
         assert table.count("<tr>") == 1 + len(HOSTILE_NAMES)  # one row a task: no name splits a row
     assert "&lt;img src=x onerror=alert(1)&gt;" in page and "[click](http://evil.example/)" in page
+
+
+@pytest.mark.parametrize("spec", ["scripted:/x/$\\nosuchcommand{$.json", "openai:$x^2$@http://h", "echo$", "$$"])
+def test_a_model_s_name_is_drawn_in_the_chart_as_text(spec):
+    """matplotlib reads $...$ in a label as LaTeX: a spec made of it would stop the report, or be drawn as
+    a formula. The chart is drawn, and a spec without a dollar sign draws it the same way as before."""
+    from mlplcode.eval import chart
+    tasks = [SimpleNamespace(name="t")]
+    report = summarize("hostile", tasks, [spec, "echo"], 1, [trial(1, "t"), trial(2, "t")])
+    assert chart(report).startswith(b"\x89PNG")
