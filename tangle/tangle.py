@@ -1024,6 +1024,7 @@ class Book:
     uses: dict = field(default_factory=dict)
     checked: set = field(default_factory=set)
     bodies: dict = field(default_factory=dict)
+    expanded: int = 0
 
 def open_book(path, data=None):
     """Parse PATH (or DATA, as if it were PATH's bytes) and index its blocks by #+NAME
@@ -1108,6 +1109,7 @@ def join_lines(head, tail):
     return head[:-1] + [joint] + tail[1:]
 
 MAX_NOWEB_DEPTH = 100
+MAX_EXPANSION = 5_000_000
 
 
 def expand(book, i, top, stack=()):
@@ -1164,6 +1166,14 @@ def expand(book, i, top, stack=()):
         if text[start:]:
             current.append(Piece(text[start:], "text", i, k, org_line))
         lines.append(current)
+    book.expanded += sum(len(piece.text) + 1 for line in lines for piece in line)
+    if book.expanded > MAX_EXPANSION:
+        raise Refusal(
+            book.doc.path,
+            block.line,
+            f"noweb expansion passes {MAX_EXPANSION:,} characters here (references"
+            " that multiply at each level); the tangler stops rather than fill memory",
+        )
     return lines
 
 def expand_reference(book, name, where, stack):
@@ -1332,23 +1342,44 @@ def read_bytes(path):
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
 
-def write_atomically(path, data, mode):
-    """Replace PATH with the bytes DATA so that a crash leaves the old file or the new,
-    never half."""
-    temporary = os.path.join(
-        os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tangle"
-    )
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+def write_atomically(directory, name, data, mode):
+    """Replace NAME in the open DIRECTORY with the bytes DATA so that a crash leaves the
+    old file or the new, never half."""
+    temporary = f".{name}.{os.getpid()}.tangle"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    fd = os.open(temporary, flags, 0o600, dir_fd=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)
+        os.replace(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
     except BaseException:
-        os.unlink(temporary)
+        os.unlink(temporary, dir_fd=directory)
         raise
+
+def write_file(base, path, data, mode):
+    """Make PATH under BASE a file holding DATA with MODE, creating its directories and
+    following no link; return whether its bytes changed."""
+    directory, name = os.path.split(path)
+    fd = open_directory(base, directory)
+    try:
+        try:
+            file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError:
+            # No file, or a link put there after the check: the rename replaces it.
+            file = None
+        if file is not None:
+            with os.fdopen(file, "rb") as f:
+                if f.read() == data:
+                    if stat.S_IMODE(os.fstat(f.fileno()).st_mode) != mode:
+                        os.fchmod(f.fileno(), mode)
+                    return False
+        write_atomically(fd, name, data, mode)
+        return True
+    finally:
+        os.close(fd)
 
 def file_mode(mode):
     """The mode Emacs leaves: the block's mode, or 0666 less the umask."""
@@ -1358,7 +1389,7 @@ def file_mode(mode):
     os.umask(umask)
     return 0o666 & ~umask
 
-def write_outputs(book, outputs):
+def write_outputs(book, outputs, allow_special_modes=False):
     """Write each output (and the database) whose bytes differ, set each mode; return
     the paths written."""
     base = base_of(book.doc.path)
@@ -1381,18 +1412,12 @@ def write_outputs(book, outputs):
             1,
         )
     )
+    for out in outputs:
+        check_mode(book, out, allow_special_modes)
     check_writable(book, files)
-    written = []
-    for path, data, mode, _, _ in files:
-        full = os.path.join(base, path)
-        os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
-        if read_bytes(full) == data:
-            if stat.S_IMODE(os.stat(full).st_mode) != mode:
-                os.chmod(full, mode)
-            continue
-        write_atomically(full, data, mode)
-        written.append(path)
-    return written
+    return [
+        path for path, data, mode, _, _ in files if write_file(base, path, data, mode)
+    ]
 
 def check_writable(book, files):
     """Refuse, before anything is written, any of FILES that cannot be written as a
@@ -1406,6 +1431,7 @@ def check_writable(book, files):
     for path, _, _, mkdirp, org_line in files:
         parts, full = path.split("/"), os.path.join(base, path)
         where = (book.doc.path, org_line)
+        check_confined(base, path, where)
         if len(full.encode()) >= path_max or any(
             len(p.encode()) > name_max for p in parts
         ):
@@ -1443,6 +1469,85 @@ def check_writable(book, files):
                 *where,
                 f"{path} cannot be written: no permission to write in {existing}",
             )
+
+def check_confined(base, path, where):
+    """Refuse a target PATH under BASE inside .git, at or below a link, or sharing its
+    file with another name."""
+    parts = path.split("/")
+    if any(part.lower() == ".git" for part in parts):
+        raise Refusal(
+            *where,
+            f"{path} is inside .git, where git runs hooks and reads its settings;"
+            " the tangler does not write there",
+        )
+    for n in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:n])
+        if os.path.islink(os.path.join(base, prefix)):
+            raise Refusal(
+                *where,
+                f"{path} cannot be written: {prefix} is a symbolic link, which would"
+                " carry the write elsewhere; the tangler writes plain files only",
+            )
+    try:
+        info = os.lstat(os.path.join(base, path))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        raise Refusal(
+            *where,
+            f"{path} cannot be written: it has {info.st_nlink} names (hard links),"
+            " and a write or a mode would reach the others",
+        )
+
+SPECIAL_MODES = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
+
+
+def check_mode(book, out, allowed):
+    """Refuse a :tangle-mode with setuid, setgid, sticky or world-writable bits, unless
+    ALLOWED."""
+    if out.mode is not None and out.mode & SPECIAL_MODES and not allowed:
+        raise Refusal(
+            book.doc.path,
+            out.org_line,
+            f"{out.path}: :tangle-mode {out.mode:o} sets setuid, setgid, sticky or"
+            " world-writable bits; pass --allow-special-modes if that is meant",
+        )
+
+def open_directory(base, directory, create=True):
+    """An open descriptor for DIRECTORY under BASE, reached one component at a time
+    without following a link; missing components are made when CREATE."""
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    for part in directory.split("/") if directory else []:
+        try:
+            if create:
+                try:
+                    os.mkdir(part, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            child = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd
+            )
+        finally:
+            os.close(fd)
+        fd = child
+    return fd
+
+def read_in_tree(base, path):
+    """The bytes of PATH under BASE, reached without following a link, or None when
+    there is no file there."""
+    directory, name = os.path.split(path)
+    try:
+        fd = open_directory(base, directory, create=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    finally:
+        os.close(fd)
+    with os.fdopen(file, "rb") as f:
+        return f.read()
 
 def orphans(book, outputs):
     """Python files the book does not write, in the directories it writes Python into.
@@ -1729,7 +1834,7 @@ def write_back(book, edits):
         ]
     return lines
 
-def detangle(path):
+def detangle(path, allow_special_modes=False):
     """Write edits made in tangled files back into the org file at PATH."""
     book = open_book(path)
     outputs = tangle_book(book)
@@ -1741,7 +1846,9 @@ def detangle(path):
     base, edits, edited = base_of(path), [], []
     expected = {out.path: out.text for out in outputs}
     for out in outputs:
-        disk = read_bytes(os.path.join(base, out.path))
+        check_confined(base, out.path, (path, out.org_line))
+    for out in outputs:
+        disk = read_in_tree(base, out.path)
         record = recorded.get(out.path)
         if (
             disk is None
@@ -1781,9 +1888,11 @@ def detangle(path):
     layout = book.doc.layout
     data = (layout.bom + layout.newline.join(write_back(book, edits))).encode("utf-8")
     check_written_back(path, data, expected)
-    write_atomically(path, data, stat.S_IMODE(os.stat(path).st_mode))
+    write_file(
+        base_of(path), os.path.basename(path), data, stat.S_IMODE(os.stat(path).st_mode)
+    )
     book = open_book(path)
-    write_outputs(book, tangle_book(book))
+    write_outputs(book, tangle_book(book), allow_special_modes)
     return edited
 
 def check_written_back(path, data, expected):
@@ -1836,6 +1945,12 @@ def main(argv=None):
         action="store_true",
         help="write edits made in tangled files back into the org file",
     )
+    parser.add_argument(
+        "--allow-special-modes",
+        action="store_true",
+        help="let :tangle-mode set setuid, setgid, sticky or world-writable bits"
+        " (refused otherwise)",
+    )
     args = parser.parse_args(argv)
     files = args.files or [
         os.path.join(
@@ -1861,7 +1976,7 @@ def run(path, args):
     """Tangle, check or detangle one org file; return the exit status."""
     name = os.path.relpath(path)
     if args.detangle:
-        edited = detangle(path)
+        edited = detangle(path, args.allow_special_modes)
         print(
             f"{name}: "
             + (
@@ -1881,7 +1996,11 @@ def run(path, args):
         return 1 if problems else 0
     for orphan in orphans(book, outputs):
         print(f"not in the book: {orphan} (no block of {name} writes it)")
-    written = [p for p in write_outputs(book, outputs) if p != database_name(path)]
+    written = [
+        p
+        for p in write_outputs(book, outputs, args.allow_special_modes)
+        if p != database_name(path)
+    ]
     print(f"{name}: {count(len(outputs), 'file')}, {len(written)} written")
     for p in written:
         print(f"  wrote {p}")
