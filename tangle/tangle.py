@@ -1431,13 +1431,13 @@ def check_writable(book, files):
     for path, _, _, mkdirp, org_line in files:
         parts, full = path.split("/"), os.path.join(base, path)
         where = (book.doc.path, org_line)
-        check_confined(base, path, where)
         if len(full.encode()) >= path_max or any(
             len(p.encode()) > name_max for p in parts
         ):
             raise Refusal(
                 *where, f"{path}: the name is longer than the file system allows"
             )
+        check_confined(base, path, where)
         for n in range(1, len(parts)):
             prefix = "/".join(parts[:n])
             if prefix in paths or (
