@@ -914,6 +914,15 @@ def check_tangled(doc, block, params):
 
 UNESCAPE = re.compile(r"^([ \t]*,*),(\*|#\+)")
 
+ODD_LEAD = re.compile(rf"[ \t]*[{EMACS_BLANKS[2:]}]")
+
+
+def org_cut(lines, solid):
+    """The indentation Org measures over the lines it counts (those whose first
+    character after spaces and tabs is no blank to Emacs), or None if it counts none."""
+    counted = [indentation(lines[k]) for k in solid if not ODD_LEAD.match(lines[k])]
+    return min(counted, default=None)
+
 def indentation(line):
     """Column of the first non-blank character, counting a tab to the next multiple of
     8."""
@@ -956,6 +965,17 @@ def normalize_body(doc, block):
             "blank line at the end of a block (Org versions disagree on it)"
         )
     cut = min(indentation(lines[k]) for k in solid)
+    odd = next((k for k in solid if ODD_LEAD.match(lines[k])), None)
+    if odd is not None and org_cut(lines, solid) != cut and any(
+        indentation(lines[k]) for k in solid
+    ):
+        blank = lines[odd].lstrip(" \t")[0]
+        raise Refusal(
+            *where(odd),
+            f"{unicodedata.name(blank, 'FORM FEED')} (U+{ord(blank):04X})"
+            " after this line's indentation: Org does not count the line when it"
+            " measures the block's indentation, and Org versions cut it differently",
+        )
     if indentation(lines[0]) > cut:
         raise Refusal(
             *where(0), "first line indented deeper than the rest (Org trims it)"
