@@ -121,11 +121,16 @@ ODD_BLANK = re.compile(
     "[\v\f\x1c-\x1f\x85\xa0\u1680\u2000-\u200b\u2028\u2029\u202f\u205f\u3000\ufeff]"
 )
 EMACS_BLANKS = " \t\f\xa0\u2000-\u200b\u202f\u205f\u3000"
+HEADER_ODD_BLANK = re.compile("[\v\f\x1c-\x1f\x85\u2028\u2029\ufeff]")
 
 
-def check_blanks(path, number, line):
-    """Refuse a structural line holding a blank other than space and tab."""
-    if odd := ODD_BLANK.search(line):
+def check_blanks(path, number, line, arguments=None):
+    """Refuse a structural line holding a blank other than space and tab; from index
+    ARGUMENTS on, where header arguments are, only control characters."""
+    odd = ODD_BLANK.search(line, 0, len(line) if arguments is None else arguments)
+    if not odd and arguments is not None:
+        odd = HEADER_ODD_BLANK.search(line, arguments)
+    if odd:
         name = unicodedata.name(odd.group(), "a control character")
         raise Refusal(
             path,
@@ -445,7 +450,8 @@ def check_file_variables(path, lines):
 def read_block(doc, i, heading, limit):
     """Read the src block starting at line index I; return it and the next index."""
     path, lines, number = doc.path, doc.lines, i + 1
-    check_blanks(path, number, lines[i])
+    begin = BEGIN_SRC.match(lines[i])
+    check_blanks(path, number, lines[i], begin.end(1) if begin.group(1) else None)
     for j in range(i + 1, len(lines)):
         line = lines[j]
         if line[:1] == "*" and HEADING.match(line):
@@ -472,7 +478,6 @@ def read_block(doc, i, heading, limit):
             path, number, "#+begin_src without #+end_src (Org reads it as text)"
         )
     check_within(path, i, j, limit, "the block")
-    begin = BEGIN_SRC.match(lines[i])
     if not begin.group(1):
         raise Refusal(
             path,
@@ -498,7 +503,8 @@ def affiliated_keywords(doc, i):
     headers, name, name_line, stop = [], None, None, None
     k = i - 1
     while k >= 0 and (m := AFFILIATED.fullmatch(lines[k])):
-        check_blanks(path, k + 1, lines[k])
+        header = (m.group(2) or "").lower() in ("header", "headers")
+        check_blanks(path, k + 1, lines[k], m.start(4) if header else None)
         if (
             name is None
             and stop is None
@@ -660,6 +666,12 @@ def read_value(where, key, raw):
             f":{key} {raw}: Emacs evaluates this as Lisp; "
             "only (identity #oNNN) for :tangle-mode is accepted",
         )
+    if re.match(rf'[{EMACS_BLANKS[2:]}]+"', raw):
+        raise Refusal(
+            *where,
+            f":{key} {raw}: a blank such as a no-break space before a quoted value;"
+            " Org versions read such quotes differently",
+        )
     if raw[0] == '"':
         quoted = re.fullmatch(r'"((?:[^"\\]|\\.)*)"', raw)
         if not quoted:
@@ -771,18 +783,9 @@ def block_parameters(doc, block):
     for name in ("header-args", "header-args:" + block.language.lower()):
         params.update(parse_arguments(inherited_property(doc, block.heading, name)))
     params.update(parse_arguments([((doc.path, block.line), block.arguments)]))
-    headers = {}
-    for line, text in block.headers:
-        for key, value in parse_arguments([((doc.path, line), text)]).items():
-            if key in headers:
-                raise Refusal(
-                    doc.path,
-                    line,
-                    f":{key} is set on two #+HEADER lines "
-                    "(Org lets the upper one win, which reads backwards)",
-                )
-            headers[key] = value
-    return {**params, **headers}
+    for line, text in reversed(block.headers):
+        params.update(parse_arguments([((doc.path, line), text)]))
+    return params
 
 def tangle_target(doc, value, where):
     """The path that a :tangle value names, relative to the org file's directory, or a
@@ -890,6 +893,12 @@ def check_tangled(doc, block, params):
             *where,
             ":tangle-mode: write (identity #o755); other forms differ between Org"
             " versions",
+        )
+    if mode is not None and mode < 0o100:
+        raise Refusal(
+            *where,
+            f":tangle-mode (identity #o{mode:03o}): Org 9.5 applies it, Org 9.6 and"
+            " later stop on a mode whose octal form is not three digits",
         )
     if comments != "no":
         if block.language not in COMMENT_STARTS:
@@ -1097,7 +1106,9 @@ def resolve(book, name, where):
         if block.name != name:
             raise Refusal(
                 *where,
-                f"<<{name}>> matches #+NAME: {block.name} only when case is ignored",
+                f"<<{name}>> matches #+NAME: {block.name} only when case is ignored;"
+                " Emacs ignores it only while case-fold-search is on (the default,"
+                " which a user's configuration may change): write it as in #+NAME",
             )
         if block.name_hidden_by:
             raise Refusal(
