@@ -1392,16 +1392,19 @@ def write_file(base, path, data, mode):
     fd = open_directory(base, directory)
     try:
         try:
-            file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+            file = os.open(name, READ_FLAGS, dir_fd=fd)
         except OSError:
             # No file, or a link put there after the check: the rename replaces it.
             file = None
         if file is not None:
-            with os.fdopen(file, "rb") as f:
-                if f.read() == data:
-                    if stat.S_IMODE(os.fstat(f.fileno()).st_mode) != mode:
-                        os.fchmod(f.fileno(), mode)
+            try:
+                info = os.fstat(file)
+                if stat.S_ISREG(info.st_mode) and read_all(file) == data:
+                    if stat.S_IMODE(info.st_mode) != mode:
+                        os.fchmod(file, mode)
                     return False
+            finally:
+                os.close(file)
         write_atomically(fd, name, data, mode)
         return True
     finally:
@@ -1518,6 +1521,10 @@ def check_confined(base, path, where):
         info = os.lstat(os.path.join(base, path))
     except (FileNotFoundError, NotADirectoryError):
         return
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+        raise Refusal(
+            *where, f"{path} cannot be written: it is not a plain file (a FIFO?)"
+        )
     if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
         raise Refusal(
             *where,
@@ -1567,13 +1574,24 @@ def read_in_tree(base, path):
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
-    except (FileNotFoundError, IsADirectoryError):
+        file = os.open(name, READ_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
         return None
     finally:
         os.close(fd)
-    with os.fdopen(file, "rb") as f:
-        return f.read()
+    try:
+        return read_all(file) if stat.S_ISREG(os.fstat(file).st_mode) else None
+    finally:
+        os.close(file)
+
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+
+
+def read_all(fd):
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 def orphans(book, outputs):
     """Python files the book does not write, in the directories it writes Python into.
@@ -1671,7 +1689,13 @@ def check(book, outputs):
     base, name = base_of(book.doc.path), book.doc.path
     problems = []
     for out in outputs:
-        disk = read_bytes(os.path.join(base, out.path))
+        try:
+            check_confined(base, out.path, (name, out.org_line))
+        except Refusal as refusal:
+            # Not read: a diff against a link's target would print what it points to.
+            problems.append(f"unsafe: {refusal}\n")
+            continue
+        disk = read_in_tree(base, out.path)
         if disk is None:
             problems.append(
                 f"missing: {out.shown} (tangled from {name}:{out.org_line})\n"

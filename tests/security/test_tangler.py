@@ -266,3 +266,30 @@ def test_a_target_swapped_for_a_link_after_the_check(world, monkeypatch):
     assert not (tree / "evil.py").is_symlink()
     assert (outside / "secret.txt").read_text() == "canary-tangler-5e1f\n"
     assert stat.S_IMODE((outside / "secret.txt").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("swap", ["file-to-secret", "directory-to-outside"])
+def test_check_does_not_print_what_a_link_points_to(world, swap):
+    tree, outside = world
+    tangled(tree)
+    if swap == "file-to-secret":
+        (tree / "src" / "mod.py").unlink()
+        os.symlink(outside / "secret.txt", tree / "src" / "mod.py")
+    else:
+        (outside / "mod.py").write_text("canary-tangler-5e1f\n")
+        os.rename(tree / "src", tree / "src-old")
+        os.symlink(outside, tree / "src")
+    result = run(tree, "--check")
+    assert result.returncode == 1 and "unsafe: book.org:7:" in result.stdout, result.stdout
+    assert "canary" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("args", [(), ("--check",), ("--detangle",)])
+def test_a_fifo_at_a_target_neither_hangs_nor_is_written(world, args):
+    tree, outside = world
+    tangled(tree)
+    (tree / "src" / "mod.py").unlink()
+    os.mkfifo(tree / "src" / "mod.py")
+    result = run(tree, *args)
+    assert result.returncode == 1 and "not a plain file" in result.stdout + result.stderr
+    assert stat.S_ISFIFO((tree / "src" / "mod.py").lstat().st_mode)
