@@ -1503,7 +1503,7 @@ def check_confined(base, path, where):
     """Refuse a target PATH under BASE inside .git, at or below a link, or sharing its
     file with another name."""
     parts = path.split("/")
-    if any(part.lower() == ".git" for part in parts):
+    if any(is_git_name(part) for part in parts):
         raise Refusal(
             *where,
             f"{path} is inside .git, where git runs hooks and reads its settings;"
@@ -1531,6 +1531,11 @@ def check_confined(base, path, where):
             f"{path} cannot be written: it has {info.st_nlink} names (hard links),"
             " and a write or a mode would reach the others",
         )
+
+def is_git_name(part):
+    """Whether some file system may read the path component PART as .git."""
+    core = "".join(ch for ch in part if unicodedata.category(ch) != "Cf")
+    return core.casefold().rstrip(". ") in (".git", "git~1")
 
 SPECIAL_MODES = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
 

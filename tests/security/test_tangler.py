@@ -119,6 +119,8 @@ def test_no_write_or_chmod_through_a_file_link(world, extra, prepare):
 @pytest.mark.parametrize("target", [
     ".git/hooks/pre-commit", ".git/config", ".GIT/hooks/pre-commit", ".Git/hooks/post-checkout",
     "vendor/lib/.git/hooks/pre-commit", "./.git/hooks/pre-commit",
+    ".g\u200cit/hooks/pre-commit", ".git./hooks/pre-commit", ".git /config", "GIT~1/config",
+    ".\u200dGiT/hooks/pre-commit",
 ])
 def test_nothing_into_git(world, target):
     tree, outside = world
