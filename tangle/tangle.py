@@ -121,11 +121,16 @@ ODD_BLANK = re.compile(
     "[\v\f\x1c-\x1f\x85\xa0\u1680\u2000-\u200b\u2028\u2029\u202f\u205f\u3000\ufeff]"
 )
 EMACS_BLANKS = " \t\f\xa0\u2000-\u200b\u202f\u205f\u3000"
+HEADER_ODD_BLANK = re.compile("[\v\f\x1c-\x1f\x85\u2028\u2029\ufeff]")
 
 
-def check_blanks(path, number, line):
-    """Refuse a structural line holding a blank other than space and tab."""
-    if odd := ODD_BLANK.search(line):
+def check_blanks(path, number, line, arguments=None):
+    """Refuse a structural line holding a blank other than space and tab; from index
+    ARGUMENTS on, where header arguments are, only control characters."""
+    odd = ODD_BLANK.search(line, 0, len(line) if arguments is None else arguments)
+    if not odd and arguments is not None:
+        odd = HEADER_ODD_BLANK.search(line, arguments)
+    if odd:
         name = unicodedata.name(odd.group(), "a control character")
         raise Refusal(
             path,
@@ -445,7 +450,8 @@ def check_file_variables(path, lines):
 def read_block(doc, i, heading, limit):
     """Read the src block starting at line index I; return it and the next index."""
     path, lines, number = doc.path, doc.lines, i + 1
-    check_blanks(path, number, lines[i])
+    begin = BEGIN_SRC.match(lines[i])
+    check_blanks(path, number, lines[i], begin.end(1) if begin.group(1) else None)
     for j in range(i + 1, len(lines)):
         line = lines[j]
         if line[:1] == "*" and HEADING.match(line):
@@ -472,7 +478,6 @@ def read_block(doc, i, heading, limit):
             path, number, "#+begin_src without #+end_src (Org reads it as text)"
         )
     check_within(path, i, j, limit, "the block")
-    begin = BEGIN_SRC.match(lines[i])
     if not begin.group(1):
         raise Refusal(
             path,
@@ -498,7 +503,8 @@ def affiliated_keywords(doc, i):
     headers, name, name_line, stop = [], None, None, None
     k = i - 1
     while k >= 0 and (m := AFFILIATED.fullmatch(lines[k])):
-        check_blanks(path, k + 1, lines[k])
+        header = (m.group(2) or "").lower() in ("header", "headers")
+        check_blanks(path, k + 1, lines[k], m.start(4) if header else None)
         if (
             name is None
             and stop is None
@@ -660,6 +666,12 @@ def read_value(where, key, raw):
             f":{key} {raw}: Emacs evaluates this as Lisp; "
             "only (identity #oNNN) for :tangle-mode is accepted",
         )
+    if re.match(rf'[{EMACS_BLANKS[2:]}]+"', raw):
+        raise Refusal(
+            *where,
+            f":{key} {raw}: a blank such as a no-break space before a quoted value;"
+            " Org versions read such quotes differently",
+        )
     if raw[0] == '"':
         quoted = re.fullmatch(r'"((?:[^"\\]|\\.)*)"', raw)
         if not quoted:
@@ -771,18 +783,9 @@ def block_parameters(doc, block):
     for name in ("header-args", "header-args:" + block.language.lower()):
         params.update(parse_arguments(inherited_property(doc, block.heading, name)))
     params.update(parse_arguments([((doc.path, block.line), block.arguments)]))
-    headers = {}
-    for line, text in block.headers:
-        for key, value in parse_arguments([((doc.path, line), text)]).items():
-            if key in headers:
-                raise Refusal(
-                    doc.path,
-                    line,
-                    f":{key} is set on two #+HEADER lines "
-                    "(Org lets the upper one win, which reads backwards)",
-                )
-            headers[key] = value
-    return {**params, **headers}
+    for line, text in reversed(block.headers):
+        params.update(parse_arguments([((doc.path, line), text)]))
+    return params
 
 def tangle_target(doc, value, where):
     """The path that a :tangle value names, relative to the org file's directory, or a
@@ -814,28 +817,23 @@ def tangle_target(doc, value, where):
         )
     return path
 
-LANGUAGES = {
-    "python",
-    "sh",
-    "bash",
-    "zsh",
-    "shell",
-    "emacs-lisp",
-    "elisp",
-    "lua",
-    "ruby",
-    "perl",
-    "js",
-    "css",
-    "html",
-    "typst",
-    "markdown",
-    "text",
-    "conf",
-    "json",
-    "yaml",
-    "toml",
-    "makefile",
+EXPANDED_LANGUAGES = {
+    **dict.fromkeys(["C", "C++", "D", "cpp"], "ob-C"),
+    "R": "ob-R",
+    "awk": "ob-awk",
+    "calc": "ob-calc",
+    **dict.fromkeys(["clojure", "clojurescript"], "ob-clojure"),
+    "dot": "ob-dot",
+    "fortran": "ob-fortran",
+    "gnuplot": "ob-gnuplot",
+    "java": "ob-java",
+    "julia": "ob-julia",
+    "latex": "ob-latex",
+    "lilypond": "ob-lilypond",
+    "lisp": "ob-lisp",
+    "scheme": "ob-scheme",
+    "sql": "ob-sql",
+    "sqlite": "ob-sqlite",
 }
 COMMENT_STARTS = {
     "python": "# ",
@@ -872,13 +870,13 @@ def check_parameters(doc, block, params):
 def check_tangled(doc, block, params):
     """Refuse what a tangled block's output depends on beyond the subset: language,
     injected code, comments, modes."""
-    if block.language.lower() not in LANGUAGES:
+    if block.language in EXPANDED_LANGUAGES:
         raise Refusal(
             doc.path,
             block.line,
-            f"{block.language} blocks are not covered: Org expands some languages'"
-            " blocks (ob-C wraps C in main()); covered:"
-            f" {', '.join(sorted(LANGUAGES))}",
+            f"{block.language} blocks are expanded by"
+            f" {EXPANDED_LANGUAGES[block.language]} when the user's configuration"
+            " loads it (ob-C wraps C in main()), so what Emacs writes depends on it",
         )
     for key, (value, where) in params.items():
         if key in INJECTING_KEYS:
@@ -895,6 +893,12 @@ def check_tangled(doc, block, params):
             *where,
             ":tangle-mode: write (identity #o755); other forms differ between Org"
             " versions",
+        )
+    if mode is not None and mode < 0o100:
+        raise Refusal(
+            *where,
+            f":tangle-mode (identity #o{mode:03o}): Org 9.5 applies it, Org 9.6 and"
+            " later stop on a mode whose octal form is not three digits",
         )
     if comments != "no":
         if block.language not in COMMENT_STARTS:
@@ -913,6 +917,15 @@ def check_tangled(doc, block, params):
             )
 
 UNESCAPE = re.compile(r"^([ \t]*,*),(\*|#\+)")
+
+ODD_LEAD = re.compile(rf"[ \t]*[{EMACS_BLANKS[2:]}]")
+
+
+def org_cut(lines, solid):
+    """The indentation Org measures over the lines it counts (those whose first
+    character after spaces and tabs is no blank to Emacs), or None if it counts none."""
+    counted = [indentation(lines[k]) for k in solid if not ODD_LEAD.match(lines[k])]
+    return min(counted, default=None)
 
 def indentation(line):
     """Column of the first non-blank character, counting a tab to the next multiple of
@@ -956,6 +969,17 @@ def normalize_body(doc, block):
             "blank line at the end of a block (Org versions disagree on it)"
         )
     cut = min(indentation(lines[k]) for k in solid)
+    odd = next((k for k in solid if ODD_LEAD.match(lines[k])), None)
+    if odd is not None and org_cut(lines, solid) != cut and any(
+        indentation(lines[k]) for k in solid
+    ):
+        blank = lines[odd].lstrip(" \t")[0]
+        raise Refusal(
+            *where(odd),
+            f"{unicodedata.name(blank, 'FORM FEED')} (U+{ord(blank):04X})"
+            " after this line's indentation: Org does not count the line when it"
+            " measures the block's indentation, and Org versions cut it differently",
+        )
     if indentation(lines[0]) > cut:
         raise Refusal(
             *where(0), "first line indented deeper than the rest (Org trims it)"
@@ -1024,6 +1048,7 @@ class Book:
     uses: dict = field(default_factory=dict)
     checked: set = field(default_factory=set)
     bodies: dict = field(default_factory=dict)
+    expanded: int = 0
 
 def open_book(path, data=None):
     """Parse PATH (or DATA, as if it were PATH's bytes) and index its blocks by #+NAME
@@ -1081,7 +1106,9 @@ def resolve(book, name, where):
         if block.name != name:
             raise Refusal(
                 *where,
-                f"<<{name}>> matches #+NAME: {block.name} only when case is ignored",
+                f"<<{name}>> matches #+NAME: {block.name} only when case is ignored;"
+                " Emacs ignores it only while case-fold-search is on (the default,"
+                " which a user's configuration may change): write it as in #+NAME",
             )
         if block.name_hidden_by:
             raise Refusal(
@@ -1108,6 +1135,7 @@ def join_lines(head, tail):
     return head[:-1] + [joint] + tail[1:]
 
 MAX_NOWEB_DEPTH = 100
+MAX_EXPANSION = 5_000_000
 
 
 def expand(book, i, top, stack=()):
@@ -1164,6 +1192,14 @@ def expand(book, i, top, stack=()):
         if text[start:]:
             current.append(Piece(text[start:], "text", i, k, org_line))
         lines.append(current)
+    book.expanded += sum(len(piece.text) + 1 for line in lines for piece in line)
+    if book.expanded > MAX_EXPANSION:
+        raise Refusal(
+            book.doc.path,
+            block.line,
+            f"noweb expansion passes {MAX_EXPANSION:,} characters here (references"
+            " that multiply at each level); the tangler stops rather than fill memory",
+        )
     return lines
 
 def expand_reference(book, name, where, stack):
@@ -1332,23 +1368,47 @@ def read_bytes(path):
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
 
-def write_atomically(path, data, mode):
-    """Replace PATH with the bytes DATA so that a crash leaves the old file or the new,
-    never half."""
-    temporary = os.path.join(
-        os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tangle"
-    )
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+def write_atomically(directory, name, data, mode):
+    """Replace NAME in the open DIRECTORY with the bytes DATA so that a crash leaves the
+    old file or the new, never half."""
+    temporary = f".{name}.{os.getpid()}.tangle"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    fd = os.open(temporary, flags, 0o600, dir_fd=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)
+        os.replace(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
     except BaseException:
-        os.unlink(temporary)
+        os.unlink(temporary, dir_fd=directory)
         raise
+
+def write_file(base, path, data, mode):
+    """Make PATH under BASE a file holding DATA with MODE, creating its directories and
+    following no link; return whether its bytes changed."""
+    directory, name = os.path.split(path)
+    fd = open_directory(base, directory)
+    try:
+        try:
+            file = os.open(name, READ_FLAGS, dir_fd=fd)
+        except OSError:
+            # No file, or a link put there after the check: the rename replaces it.
+            file = None
+        if file is not None:
+            try:
+                info = os.fstat(file)
+                if stat.S_ISREG(info.st_mode) and read_all(file) == data:
+                    if stat.S_IMODE(info.st_mode) != mode:
+                        os.fchmod(file, mode)
+                    return False
+            finally:
+                os.close(file)
+        write_atomically(fd, name, data, mode)
+        return True
+    finally:
+        os.close(fd)
 
 def file_mode(mode):
     """The mode Emacs leaves: the block's mode, or 0666 less the umask."""
@@ -1358,7 +1418,7 @@ def file_mode(mode):
     os.umask(umask)
     return 0o666 & ~umask
 
-def write_outputs(book, outputs):
+def write_outputs(book, outputs, allow_special_modes=False):
     """Write each output (and the database) whose bytes differ, set each mode; return
     the paths written."""
     base = base_of(book.doc.path)
@@ -1381,18 +1441,12 @@ def write_outputs(book, outputs):
             1,
         )
     )
+    for out in outputs:
+        check_mode(book, out, allow_special_modes)
     check_writable(book, files)
-    written = []
-    for path, data, mode, _, _ in files:
-        full = os.path.join(base, path)
-        os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
-        if read_bytes(full) == data:
-            if stat.S_IMODE(os.stat(full).st_mode) != mode:
-                os.chmod(full, mode)
-            continue
-        write_atomically(full, data, mode)
-        written.append(path)
-    return written
+    return [
+        path for path, data, mode, _, _ in files if write_file(base, path, data, mode)
+    ]
 
 def check_writable(book, files):
     """Refuse, before anything is written, any of FILES that cannot be written as a
@@ -1412,6 +1466,7 @@ def check_writable(book, files):
             raise Refusal(
                 *where, f"{path}: the name is longer than the file system allows"
             )
+        check_confined(base, path, where)
         for n in range(1, len(parts)):
             prefix = "/".join(parts[:n])
             if prefix in paths or (
@@ -1443,6 +1498,105 @@ def check_writable(book, files):
                 *where,
                 f"{path} cannot be written: no permission to write in {existing}",
             )
+
+def check_confined(base, path, where):
+    """Refuse a target PATH under BASE inside .git, at or below a link, or sharing its
+    file with another name."""
+    parts = path.split("/")
+    if any(is_git_name(part) for part in parts):
+        raise Refusal(
+            *where,
+            f"{path} is inside .git, where git runs hooks and reads its settings;"
+            " the tangler does not write there",
+        )
+    for n in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:n])
+        if os.path.islink(os.path.join(base, prefix)):
+            raise Refusal(
+                *where,
+                f"{path} cannot be written: {prefix} is a symbolic link, which would"
+                " carry the write elsewhere; the tangler writes plain files only",
+            )
+    try:
+        info = os.lstat(os.path.join(base, path))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+        raise Refusal(
+            *where, f"{path} cannot be written: it is not a plain file (a FIFO?)"
+        )
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        raise Refusal(
+            *where,
+            f"{path} cannot be written: it has {info.st_nlink} names (hard links),"
+            " and a write or a mode would reach the others",
+        )
+
+def is_git_name(part):
+    """Whether some file system may read the path component PART as .git."""
+    core = "".join(ch for ch in part if unicodedata.category(ch) != "Cf")
+    return core.casefold().rstrip(". ") in (".git", "git~1")
+
+SPECIAL_MODES = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
+
+
+def check_mode(book, out, allowed):
+    """Refuse a :tangle-mode with setuid, setgid, sticky or world-writable bits, unless
+    ALLOWED."""
+    if out.mode is not None and out.mode & SPECIAL_MODES and not allowed:
+        raise Refusal(
+            book.doc.path,
+            out.org_line,
+            f"{out.path}: :tangle-mode {out.mode:o} sets setuid, setgid, sticky or"
+            " world-writable bits; pass --allow-special-modes if that is meant",
+        )
+
+def open_directory(base, directory, create=True):
+    """An open descriptor for DIRECTORY under BASE, reached one component at a time
+    without following a link; missing components are made when CREATE."""
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    for part in directory.split("/") if directory else []:
+        try:
+            if create:
+                try:
+                    os.mkdir(part, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            child = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd
+            )
+        finally:
+            os.close(fd)
+        fd = child
+    return fd
+
+def read_in_tree(base, path):
+    """The bytes of PATH under BASE, reached without following a link, or None when
+    there is no file there."""
+    directory, name = os.path.split(path)
+    try:
+        fd = open_directory(base, directory, create=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        file = os.open(name, READ_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return read_all(file) if stat.S_ISREG(os.fstat(file).st_mode) else None
+    finally:
+        os.close(file)
+
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+
+
+def read_all(fd):
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 def orphans(book, outputs):
     """Python files the book does not write, in the directories it writes Python into.
@@ -1540,7 +1694,13 @@ def check(book, outputs):
     base, name = base_of(book.doc.path), book.doc.path
     problems = []
     for out in outputs:
-        disk = read_bytes(os.path.join(base, out.path))
+        try:
+            check_confined(base, out.path, (name, out.org_line))
+        except Refusal as refusal:
+            # Not read: a diff against a link's target would print what it points to.
+            problems.append(f"unsafe: {refusal}\n")
+            continue
+        disk = read_in_tree(base, out.path)
         if disk is None:
             problems.append(
                 f"missing: {out.shown} (tangled from {name}:{out.org_line})\n"
@@ -1729,7 +1889,7 @@ def write_back(book, edits):
         ]
     return lines
 
-def detangle(path):
+def detangle(path, allow_special_modes=False):
     """Write edits made in tangled files back into the org file at PATH."""
     book = open_book(path)
     outputs = tangle_book(book)
@@ -1741,7 +1901,9 @@ def detangle(path):
     base, edits, edited = base_of(path), [], []
     expected = {out.path: out.text for out in outputs}
     for out in outputs:
-        disk = read_bytes(os.path.join(base, out.path))
+        check_confined(base, out.path, (path, out.org_line))
+    for out in outputs:
+        disk = read_in_tree(base, out.path)
         record = recorded.get(out.path)
         if (
             disk is None
@@ -1781,9 +1943,11 @@ def detangle(path):
     layout = book.doc.layout
     data = (layout.bom + layout.newline.join(write_back(book, edits))).encode("utf-8")
     check_written_back(path, data, expected)
-    write_atomically(path, data, stat.S_IMODE(os.stat(path).st_mode))
+    write_file(
+        base_of(path), os.path.basename(path), data, stat.S_IMODE(os.stat(path).st_mode)
+    )
     book = open_book(path)
-    write_outputs(book, tangle_book(book))
+    write_outputs(book, tangle_book(book), allow_special_modes)
     return edited
 
 def check_written_back(path, data, expected):
@@ -1836,6 +2000,12 @@ def main(argv=None):
         action="store_true",
         help="write edits made in tangled files back into the org file",
     )
+    parser.add_argument(
+        "--allow-special-modes",
+        action="store_true",
+        help="let :tangle-mode set setuid, setgid, sticky or world-writable bits"
+        " (refused otherwise)",
+    )
     args = parser.parse_args(argv)
     files = args.files or [
         os.path.join(
@@ -1861,7 +2031,7 @@ def run(path, args):
     """Tangle, check or detangle one org file; return the exit status."""
     name = os.path.relpath(path)
     if args.detangle:
-        edited = detangle(path)
+        edited = detangle(path, args.allow_special_modes)
         print(
             f"{name}: "
             + (
@@ -1881,7 +2051,11 @@ def run(path, args):
         return 1 if problems else 0
     for orphan in orphans(book, outputs):
         print(f"not in the book: {orphan} (no block of {name} writes it)")
-    written = [p for p in write_outputs(book, outputs) if p != database_name(path)]
+    written = [
+        p
+        for p in write_outputs(book, outputs, args.allow_special_modes)
+        if p != database_name(path)
+    ]
     print(f"{name}: {count(len(outputs), 'file')}, {len(written)} written")
     for p in written:
         print(f"  wrote {p}")

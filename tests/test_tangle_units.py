@@ -83,3 +83,118 @@ def test_link_search_of_a_heading(tangle, title, search):
 ])
 def test_a_target_above_a_block(tangle, lines, target):
     assert tangle.target_above(lines, lines.index(next(l for l in lines if l.startswith("#+begin")))) == target
+
+
+def refusal(tangle, text, name="book.org"):
+    """The Refusal raised by tangling the org TEXT in memory, or None."""
+    try:
+        book = tangle.open_book(name, text.encode("utf-8"))
+        tangle.tangle_book(book)
+    except tangle.Refusal as error:
+        return error
+    return None
+
+
+def outputs(tangle, text):
+    book = tangle.open_book("book.org", text.encode("utf-8"))
+    return {out.path: out.text for out in tangle.tangle_book(book)}
+
+
+def block(body, args=":tangle out.py", above=""):
+    return f"#+TITLE: t\n* H\n{above}#+begin_src python {args}\n{body}\n#+end_src\n"
+
+
+@pytest.mark.parametrize("blank", ["\f", "\xa0", "\u3000", "\u2003", "\u205f", "\u200b"])
+def test_an_odd_blank_after_indentation_is_refused_where_it_changes_the_cut(tangle, blank):
+    error = refusal(tangle, block(f"  {blank} b = 2\n    a = 1"))
+    assert error and error.line == 4 and f"U+{ord(blank):04X}" in error.reason
+    error = refusal(tangle, block(f"    a = 1\n  {blank}b = 2\n    c = 3"))
+    assert error and error.line == 5
+    assert refusal(tangle, block(f"  {blank}a = 1\n{blank}b = 2")).line == 4
+
+
+@pytest.mark.parametrize("blank", ["\f", "\xa0", "\u3000"])
+def test_an_odd_blank_that_changes_nothing_is_tangled(tangle, blank):
+    assert outputs(tangle, block(f"  a = 1\n  {blank}b = 2")) == {"out.py": f"a = 1\n{blank}b = 2\n"}
+    assert outputs(tangle, block(f"a = 1\n{blank}b = 2")) == {"out.py": f"a = 1\n{blank}b = 2\n"}
+
+
+@pytest.mark.parametrize("language", ["dockerfile", "nix", "org", "Java", "c", "my-language"])
+def test_languages_that_no_org_expands_are_tangled(tangle, language):
+    text = block("x", f":tangle out").replace("python", language)
+    assert outputs(tangle, text) == {"out": "x\n"}
+
+
+@pytest.mark.parametrize("language, file", [("C", "ob-C"), ("C++", "ob-C"), ("java", "ob-java"),
+                                            ("R", "ob-R"), ("sql", "ob-sql"), ("lisp", "ob-lisp")])
+def test_languages_that_org_expands_are_refused_naming_the_file(tangle, language, file):
+    error = refusal(tangle, block("x", ":tangle out").replace("python", language))
+    assert error and error.line == 3 and file in error.reason and "configuration" in error.reason
+
+
+def test_the_upper_header_line_wins(tangle):
+    above = "#+HEADER: :tangle upper.py\n#+HEADER: :tangle lower.py :padline no\n"
+    assert outputs(tangle, block("x = 1", "", above)) == {"upper.py": "x = 1\n"}
+    assert outputs(tangle, block("x = 1", ":tangle line.py", above)) == {"upper.py": "x = 1\n"}
+
+
+def test_a_reference_that_matches_a_name_only_ignoring_case_says_why(tangle):
+    text = ("#+TITLE: t\n* H\n#+NAME: helper\n#+begin_src python\nx = 1\n#+end_src\n"
+            "#+begin_src python :tangle out.py :noweb yes\n<<Helper>>\n#+end_src\n")
+    error = refusal(tangle, text)
+    assert error and error.line == 8 and "case-fold-search" in error.reason
+
+
+@pytest.mark.parametrize("args, name", [
+    (":tangle a.py\xa0:padline no", "a.py\xa0:padline no"),
+    (":tangle b\u3000b.py", "b\u3000b.py"),
+    (":tangle c.py\u2003", "c.py\u2003"),
+])
+def test_wide_blanks_in_header_arguments_are_ordinary_characters(tangle, args, name):
+    assert outputs(tangle, block("x = 1", args)) == {name: "x = 1\n"}
+    above = f"#+HEADER: {args}\n"
+    assert outputs(tangle, block("x = 1", "", above)) == {name: "x = 1\n"}
+
+
+@pytest.mark.parametrize("line, where", [
+    ("#+begin_src python\xa0:tangle a.py", 3), ("#+begin_src python :tangle \xa0\"a.py\"", 3),
+    ("#+begin_src python :tangle a.py\f", 3), ("#+begin_src python :tangle a.py\v", 3),
+])
+def test_blanks_org_reads_differently_in_a_block_line_are_refused(tangle, line, where):
+    error = refusal(tangle, f"#+TITLE: t\n* H\n{line}\nx = 1\n#+end_src\n")
+    assert error and error.line == where
+
+
+def test_a_name_or_drawer_with_a_wide_blank_is_still_refused(tangle):
+    assert refusal(tangle, block("x = 1", above="#+NAME: a\xa0b\n")).line == 3
+    drawer = "#+TITLE: t\n* H\n:PROPERTIES:\n:header-args: :tangle\u3000a.py\n:END:\n"
+    assert refusal(tangle, drawer + "#+begin_src python\nx\n#+end_src\n").line == 4
+
+
+@pytest.mark.parametrize("mode", ["4755", "2755", "1777", "777", "646"])
+def test_special_modes_are_refused_without_the_flag(tangle, mode, tmp_path):
+    org = tmp_path / "book.org"
+    org.write_text(block("x = 1", f":tangle out.py :tangle-mode (identity #o{mode})"))
+    book = tangle.open_book(str(org))
+    with pytest.raises(tangle.Refusal, match="allow-special-modes") as error:
+        tangle.write_outputs(book, tangle.tangle_book(book))
+    assert error.value.line == 3 and not (tmp_path / "out.py").exists()
+    tangle.write_outputs(book, tangle.tangle_book(book), allow_special_modes=True)
+    assert (tmp_path / "out.py").stat().st_mode & 0o7777 == int(mode, 8)
+
+
+def test_noweb_expansion_has_a_budget(tangle, monkeypatch):
+    monkeypatch.setattr(tangle, "MAX_EXPANSION", 100)
+    text = ("#+TITLE: t\n* H\n#+NAME: a\n#+begin_src python\nx = 1\n#+end_src\n"
+            "#+NAME: b\n#+begin_src python :noweb yes\n<<a>>\n<<a>>\n#+end_src\n"
+            "#+begin_src python :tangle out.py :noweb yes\n" + "<<b>>\n" * 20 + "#+end_src\n")
+    error = refusal(tangle, text)
+    assert error and "noweb expansion passes 100 characters" in error.reason
+    monkeypatch.setattr(tangle, "MAX_EXPANSION", 10_000)
+    assert outputs(tangle, text)["out.py"] == "x = 1\n" * 40
+
+
+@pytest.mark.parametrize("mode", ["044", "0044", "007", "000"])
+def test_a_mode_that_org_9_6_stops_on_is_refused(tangle, mode):
+    error = refusal(tangle, block("x = 1", f":tangle out.py :tangle-mode (identity #o{mode})"))
+    assert error and error.line == 3 and "Org 9.6" in error.reason
