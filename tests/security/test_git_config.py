@@ -256,3 +256,19 @@ def test_an_ordinary_repository_with_a_worktree_file_still_runs_git_status(world
     git(root, "config", "remote.origin.url", "https://example.invalid/x.git")
     result = execute({"tool": "run", "command": "git status --short"}, open_project(str(root)))
     assert result["ok"] and result["exit_code"] == 0 and " M a.txt" in result["text"]
+
+
+@pytest.mark.parametrize("settings", [
+    '[diff "x y"]\n\ttextconv = touch {marker}\n',
+    '[submodule "a b"]\n\tupdate = !touch {marker}\n',
+    '[remote "o p"]\n\tuploadpack = touch {marker}\n',
+    '[filter "e"]\n\tclean = touch {marker}\n[broken\n',
+])
+def test_a_setting_whose_name_holds_a_space_or_a_file_git_cannot_read_refuses_run_git(world, mode, settings):
+    root, outside, marker = world
+    committed(root)
+    git(root, "config", "extensions.worktreeConfig", "true")
+    (root / ".git" / "config.worktree").write_text(settings.format(marker=marker))
+    result = execute({"tool": "run", "command": "git status"}, open_project(str(root)))
+    assert result["ok"] is False and "RUN git is refused" in result["text"]
+    assert not marker.exists()

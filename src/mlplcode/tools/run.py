@@ -65,13 +65,16 @@ RISKY_GIT_SETTINGS = re.compile(
 )
 
 
+UNREADABLE = "(unreadable)"
+
+
 def risky_git_settings(git: str, files: list[str], environment: dict) -> list[str]:
     """The settings in FILES that git status or diff could act on, each named with its
     file; a file git cannot read is named too."""
     found = []
     for path in files:
         listed = subprocess.run(
-            [git, "config", "--file", path, "--name-only", "--list"],
+            [git, "config", "--file", path, "--null", "--name-only", "--list"],
             env=environment,
             stdin=subprocess.DEVNULL,
             capture_output=True,
@@ -79,11 +82,11 @@ def risky_git_settings(git: str, files: list[str], environment: dict) -> list[st
             errors="replace",
             timeout=10,
         )
-        names = listed.stdout.split() if listed.returncode == 0 else ["(unreadable)"]
+        names = listed.stdout.split("\0") if listed.returncode == 0 else [UNREADABLE]
         found += [
             f"{name} in {path}"
             for name in names
-            if name == "(unreadable)" or RISKY_GIT_SETTINGS.match(name)
+            if name == UNREADABLE or RISKY_GIT_SETTINGS.match(name)
         ]
     return found
 
