@@ -410,7 +410,7 @@ def test_an_interrupt_during_a_test_run_kills_the_tests(project, tmp_path):
         kernel.manager.interrupt_kernel()
         reply = kernel.client.get_shell_msg(timeout=TIMEOUT)["content"]
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + HANG  # a loaded machine may take a while to reap them; a hang fails
         while processes_marked(name) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert processes_marked(name) == [], "the interrupted test run is still running"
