@@ -75,7 +75,8 @@ def include_if_from_config(root, outside, marker):
     git(root, "config", "includeIf.gitdir:/.path", str(outside / "settings.cfg"))
 
 
-def linked_worktree(root, outside, marker):
+def worktree_of_main(root, outside):
+    """ROOT made a linked work tree of a repository outside, main; give main."""
     main = outside / "main"
     main.mkdir()
     committed(main)
@@ -83,18 +84,17 @@ def linked_worktree(root, outside, marker):
     git(main, "commit", "-qm", "attributes")
     git(main, "worktree", "add", "-q", str(root))
     (root / "a.txt").write_text("six\n")
+    return main
+
+
+def linked_worktree(root, outside, marker):
+    main = worktree_of_main(root, outside)
     git(main, "config", "extensions.worktreeConfig", "true")
     set_all(root, evil(marker), "--worktree")  # main/.git/worktrees/<id>/config.worktree
 
 
 def linked_worktree_common_config(root, outside, marker):
-    main = outside / "main"
-    main.mkdir()
-    committed(main)
-    git(main, "add", ".gitattributes")
-    git(main, "commit", "-qm", "attributes")
-    git(main, "worktree", "add", "-q", str(root))
-    (root / "a.txt").write_text("six\n")
+    main = worktree_of_main(root, outside)
     set_all(main, evil(marker))  # main/.git/config, the common directory's
 
 
