@@ -3,10 +3,10 @@ import os
 
 import pytest
 
-import mlplcode.journal
+import mlplcode.agent
 import mlplcode.loop
 from mlplcode import Agent
-from mlplcode.agent import AgentError
+from mlplcode.agent import AgentError, Syncing
 from mlplcode.journal import append_event, read_events
 from mlplcode.policy import DEFAULT_POLICY
 
@@ -14,6 +14,17 @@ from mlplcode.policy import DEFAULT_POLICY
 @pytest.fixture
 def agent(project, replies, tmp_path):
     return Agent.start("Add mul and its test", project, f"scripted:{replies}", journal=str(tmp_path / "run.jsonl"))
+
+
+def test_a_sync_runs_in_a_thread_the_process_waits_for_and_its_failure_is_raised_by_wait(tmp_path):
+    journal = tmp_path / "j.jsonl"
+    append_event(str(journal), {"type": "start"})
+    syncing = Syncing(str(journal))
+    assert not syncing.thread.daemon  # so the process does not exit before the disk has the events
+    syncing.wait()
+    failing = Syncing(str(tmp_path / "removed.jsonl"))
+    with pytest.raises(FileNotFoundError):
+        failing.wait()
 
 
 def test_each_call_starts_its_sync_and_waits_for_the_one_before(agent, monkeypatch):
@@ -25,7 +36,7 @@ def test_each_call_starts_its_sync_and_waits_for_the_one_before(agent, monkeypat
     def failing(path):
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(mlplcode.journal, "sync_journal", failing)
+    monkeypatch.setattr(mlplcode.agent, "sync_journal", failing)
     agent.note("one more")  # its sync fails on its thread, and the next call says so
     with pytest.raises(OSError, match="Input/output"):
         agent.note("and another")

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from mlplcode.journal import (State, Syncing, append_event, apply, cut_torn_line, fold, read_events,
+from mlplcode.journal import (State, append_event, apply, cut_torn_line, fold, read_events,
                               snapshot)
 
 START = {"type": "start", "task": "add mul", "budget": 5, "policy": {"read": "allow"}, "model": "echo",
@@ -37,17 +37,6 @@ READ_STEP = [
     {"type": "verdict", "step": 1, "verdict": "allow", "reason": "read"},
     {"type": "observation", "step": 1, "ok": True, "text": "calc.py (1 lines)\nx\n"},
 ]
-
-
-def test_a_sync_runs_in_a_thread_the_process_waits_for_and_its_failure_is_raised_by_wait(tmp_path):
-    journal = tmp_path / "j.jsonl"
-    append_event(str(journal), START)
-    syncing = Syncing(str(journal))
-    assert not syncing.thread.daemon  # so the process does not exit before the disk has the events
-    syncing.wait()
-    failing = Syncing(str(tmp_path / "removed.jsonl"))
-    with pytest.raises(FileNotFoundError):
-        failing.wait()
 
 
 def test_fold_builds_the_state_from_events_alone():

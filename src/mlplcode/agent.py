@@ -7,6 +7,7 @@ import os
 import re
 import secrets
 import stat
+import threading
 import time
 from dataclasses import dataclass
 
@@ -21,7 +22,6 @@ from .journal import (
     read_events,
     snapshot,
     start_problem,
-    Syncing,
     sync_journal,
     waiting_step,
 )
@@ -571,6 +571,26 @@ class Agent:
     def report(self, numbers):
         """A Report of the steps NUMBERS, in the state as it is now."""
         return Report(self.run_id, snapshot(self.state), tuple(numbers))
+
+class Syncing:
+    """The sync of the journal at PATH, in a thread of its own; wait() waits for it and
+    raises what it raised."""
+
+    def __init__(self, path):
+        self.error = None
+        self.thread = threading.Thread(target=self.sync, args=(path,))
+        self.thread.start()
+
+    def sync(self, path):
+        try:
+            sync_journal(path)
+        except OSError as error:
+            self.error = error
+
+    def wait(self):
+        self.thread.join()
+        if self.error:
+            raise self.error
 
 INTERRUPTED = "INTERRUPTED: the human stopped this step before it finished"
 ENDED = (

@@ -2,7 +2,6 @@
 
 import json
 import os
-import threading
 from dataclasses import dataclass, field, replace
 
 DEFAULT_BUDGET = 20
@@ -31,26 +30,6 @@ def sync_journal(path):
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
-
-class Syncing:
-    """The sync of the journal at PATH, in a thread of its own; wait() waits for it and
-    raises what it raised."""
-
-    def __init__(self, path):
-        self.error = None
-        self.thread = threading.Thread(target=self.sync, args=(path,))
-        self.thread.start()
-
-    def sync(self, path):
-        try:
-            sync_journal(path)
-        except OSError as error:
-            self.error = error
-
-    def wait(self):
-        self.thread.join()
-        if self.error:
-            raise self.error
 
 EVENT_FIELDS = {
     "start": {

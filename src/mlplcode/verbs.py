@@ -140,8 +140,8 @@ def check_action(action: dict, project) -> str | None:
     return None
 
 def fingerprint(action: dict, project) -> dict | None:
-    """The target an approval of ACTION is bound to (section "What an approval is bound
-    to"), or None for a verb that has none."""
+    """The target an approval of ACTION is bound to (chapter "Approvals bound to their
+    target"), or None for a verb that has none."""
     verb = VERB_OF_TOOL[action["tool"]]
     return verb.target(action, project) if verb.target else None
 

@@ -160,20 +160,6 @@ def write_file(action: dict, project) -> dict:
     write_atomically(path, content, project.root, shown)
     return observation(f"wrote {shown} ({count_lines(content)} lines)")
 
-def line_number(text: str, index: int) -> int:
-    """Give the 1-based number of the line on which a character index of text falls."""
-    return text.count("\n", 0, index) + 1
-
-def occurrences(text: str, old: str) -> list[int]:
-    """Give every index where OLD starts in text; overlapping ones count, as each is a
-    candidate."""
-    starts = []
-    index = text.find(old)
-    while index != -1:
-        starts.append(index)
-        index = text.find(old, index + 1)
-    return starts
-
 def closest_window(lines: list[str], old_lines: list[str]) -> int:
     """Give the start of the run of len(old_lines) lines most similar to OLD.
 
@@ -204,6 +190,20 @@ def not_found_message(shown: str, text: str, old: str) -> str:
         f"OLD was not found in {shown}. The most similar lines are:\n{numbered}\n"
         "Copy OLD exactly from the file, whitespace included, or READ it again."
     )
+
+def line_number(text: str, index: int) -> int:
+    """Give the 1-based number of the line on which a character index of text falls."""
+    return text.count("\n", 0, index) + 1
+
+def occurrences(text: str, old: str) -> list[int]:
+    """Give every index where OLD starts in text; overlapping ones count, as each is a
+    candidate."""
+    starts = []
+    index = text.find(old)
+    while index != -1:
+        starts.append(index)
+        index = text.find(old, index + 1)
+    return starts
 
 def ambiguous_message(shown: str, text: str, starts: list[int]) -> str:
     """Say how often and on which lines OLD occurs; the first 20 lines are enough to
