@@ -197,10 +197,8 @@ def tangled(tree):
     assert run(tree).returncode == 0
 
 
-@pytest.mark.parametrize("swap", ["file-to-secret", "file-to-inside", "directory-to-outside"])
-def test_detangle_does_not_follow_a_replaced_file(world, swap):
-    tree, outside = world
-    tangled(tree)
+def replace_tangled(tree, outside, swap):
+    """Put a link where the tangled src/mod.py was, or where its directory was."""
     if swap == "file-to-secret":
         (tree / "src" / "mod.py").unlink()
         os.symlink(outside / "secret.txt", tree / "src" / "mod.py")
@@ -212,6 +210,13 @@ def test_detangle_does_not_follow_a_replaced_file(world, swap):
         (outside / "mod.py").write_text("canary-tangler-5e1f\n")
         os.rename(tree / "src", tree / "src-old")
         os.symlink(outside, tree / "src")
+
+
+@pytest.mark.parametrize("swap", ["file-to-secret", "file-to-inside", "directory-to-outside"])
+def test_detangle_does_not_follow_a_replaced_file(world, swap):
+    tree, outside = world
+    tangled(tree)
+    replace_tangled(tree, outside, swap)
     before = snapshot(tree.parent)
     result = run(tree, "--detangle")
     assert result.returncode == 1 and "symbolic link" in result.stderr, result.stderr
@@ -270,17 +275,11 @@ def test_a_target_swapped_for_a_link_after_the_check(world, monkeypatch):
     assert stat.S_IMODE((outside / "secret.txt").stat().st_mode) == 0o600
 
 
-@pytest.mark.parametrize("swap", ["file-to-secret", "directory-to-outside"])
+@pytest.mark.parametrize("swap", ["file-to-secret", "file-to-inside", "directory-to-outside"])
 def test_check_does_not_print_what_a_link_points_to(world, swap):
     tree, outside = world
     tangled(tree)
-    if swap == "file-to-secret":
-        (tree / "src" / "mod.py").unlink()
-        os.symlink(outside / "secret.txt", tree / "src" / "mod.py")
-    else:
-        (outside / "mod.py").write_text("canary-tangler-5e1f\n")
-        os.rename(tree / "src", tree / "src-old")
-        os.symlink(outside, tree / "src")
+    replace_tangled(tree, outside, swap)
     result = run(tree, "--check")
     assert result.returncode == 1 and "unsafe: book.org:7:" in result.stdout, result.stdout
     assert "canary" not in result.stdout + result.stderr
