@@ -454,23 +454,24 @@ def sandbox_banner(bwrap):
 
 # seccomp's verdicts, and where struct seccomp_data keeps what the filter reads.
 SECCOMP_ALLOW, SECCOMP_ERRNO = 0x7FFF0000, 0x00050000
-NUMBER, ARCHITECTURE, FIRST_ARGUMENT = 0, 4, 16
-X32_CALLS = 0x40000000
-# Per platform.machine(): the architecture, the numbers of socket and io_uring_setup.
+NUMBER, ARCHITECTURE, FIRST_ARGUMENT, SECOND_ARGUMENT = 0, 4, 16, 24
+X32_CALLS, SOCKET_TYPE = 0x40000000, 0xF
+# Per platform.machine(): the architecture, the numbers of socket, socketpair and
+# io_uring_setup.
 SOCKET_CALLS = {
-    "x86_64": (0xC000003E, 41, 425),
-    "aarch64": (0xC00000B7, 198, 425),
+    "x86_64": (0xC000003E, 41, 53, 425),
+    "aarch64": (0xC00000B7, 198, 199, 425),
 }
-LOAD, JUMP_IF_EQUAL, JUMP_IF_AT_LEAST, GIVE = 0x20, 0x15, 0x35, 0x06
+LOAD, AND, JUMP_IF_EQUAL, JUMP_IF_AT_LEAST, GIVE = 0x20, 0x54, 0x15, 0x35, 0x06
 
 
 def socket_filter_program(machine):
-    """The seccomp program, as bytes, that refuses a Unix socket, io_uring and every
-    call of another architecture on MACHINE; None where its call numbers are not
-    known."""
+    """The seccomp program, as bytes, that refuses a Unix socket, a pair of any type but
+    a stream, io_uring and every call of another architecture on MACHINE; None where
+    its call numbers are not known."""
     if machine not in SOCKET_CALLS:
         return None
-    architecture, socket_call, io_uring_setup = SOCKET_CALLS[machine]
+    architecture, socket_call, socketpair_call, io_uring_setup = SOCKET_CALLS[machine]
     refused = SECCOMP_ERRNO | errno.ENOSYS
     program = [
         (LOAD, 0, 0, ARCHITECTURE),
@@ -481,9 +482,17 @@ def socket_filter_program(machine):
         (GIVE, 0, 0, refused),
         (JUMP_IF_EQUAL, 0, 1, io_uring_setup),
         (GIVE, 0, 0, refused),
-        (JUMP_IF_EQUAL, 0, 3, socket_call),
+        (JUMP_IF_EQUAL, 2, 0, socket_call),
+        (JUMP_IF_EQUAL, 4, 0, socketpair_call),
+        (GIVE, 0, 0, SECCOMP_ALLOW),
+        # socket: refused for AF_UNIX
         (LOAD, 0, 0, FIRST_ARGUMENT),
-        (JUMP_IF_EQUAL, 0, 1, socket.AF_UNIX),
+        (JUMP_IF_EQUAL, 4, 0, socket.AF_UNIX),
+        (GIVE, 0, 0, SECCOMP_ALLOW),
+        # socketpair: allowed for a stream alone
+        (LOAD, 0, 0, SECOND_ARGUMENT),
+        (AND, 0, 0, SOCKET_TYPE),
+        (JUMP_IF_EQUAL, 1, 0, socket.SOCK_STREAM),
         (GIVE, 0, 0, SECCOMP_ERRNO | errno.EAFNOSUPPORT),
         (GIVE, 0, 0, SECCOMP_ALLOW),
     ]

@@ -86,9 +86,46 @@ def test_the_filter_keeps_ordinary_sockets_and_pairs(tmp_path):
     assert result is not None and result[0] == 0 and b"ORDINARY b'x'" in result[1].head, result
 
 
+# A pair of datagram sockets may send to any address: the way round a refused socket().
+PAIRED_SENDER = """import socket
+for kind in (socket.SOCK_DGRAM, socket.SOCK_SEQPACKET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC):
+    try:
+        first, _ = socket.socketpair(socket.AF_UNIX, kind)
+        first.sendto(b'forged', 'host.sock')
+        print('SENT', kind)
+    except OSError as error:
+        print('refused', kind, error.strerror)
+first, second = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+first.sendall(b'x')
+print('STREAM PAIR', second.recv(1))"""
+
+
+def test_a_pair_of_datagram_sockets_cannot_send_to_a_host_socket(tmp_path):
+    require_tool("bwrap", "the sandbox's socket filter")
+    root = tmp_path / "project"
+    root.mkdir()
+    host = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    here = os.getcwd()
+    os.chdir(root)  # bound by its short name: a socket's path may hold only 107 bytes
+    try:
+        host.bind("host.sock")
+    finally:
+        os.chdir(here)
+    host.setblocking(False)
+    try:
+        result = run_process([sys.executable, "-c", PAIRED_SENDER], open_project(str(root)), [], [], {})
+        out = (result[1].head + result[1].tail).decode()
+        assert "SENT" not in out and out.count("Address family not supported") == 3, out
+        assert "STREAM PAIR b'x'" in out, out
+        with pytest.raises(BlockingIOError):
+            host.recv(100)
+    finally:
+        host.close()
+
+
 def test_a_machine_whose_call_numbers_are_unknown_gets_no_filter():
     assert trust.socket_filter_program("riscv64") is None
     argv = trust.sandbox_argv("/usr/bin/bwrap", ["pytest"], "/p", [], [], [], "/empty", None)
     assert "--seccomp" not in argv
     for machine in trust.SOCKET_CALLS:
-        assert len(trust.socket_filter_program(machine)) == 13 * 8
+        assert len(trust.socket_filter_program(machine)) == 19 * 8
