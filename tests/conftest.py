@@ -74,20 +74,27 @@ def install_kernelspec():
 
 
 def start_event(root, task="Add mul and its test", budget=10, policy=None, model="test"):
-    """A start event as every front end writes it, with the record of the tests under ROOT."""
+    """A start event as every front end writes it."""
     from mlplcode.policy import DEFAULT_POLICY
-    from mlplcode.verify import snapshot_tests
     return {"type": "start", "task": task, "budget": budget, "policy": policy or DEFAULT_POLICY,
-            "model": model, "model_options": {}, "root": str(root), "run": "test-run",
-            "tests": snapshot_tests(os.path.realpath(root))}
+            "model": model, "model_options": {}, "root": str(root), "run": "test-run"}
+
+
+def tests_event(root):
+    """The tests event an Agent records before the first step: the tests under ROOT, recorded and kept."""
+    from mlplcode.verify import keep_tests, snapshot_tests
+    record = snapshot_tests(os.path.realpath(root))
+    return {"type": "tests", "sha256": keep_tests(record), "files": len(record)}
 
 
 class Recorder:
-    """The loop's RECORD function for tests: keeps the events and applies each to a state, as an Agent does."""
+    """The loop's RECORD function for tests: keeps the events and applies each to a state, as an Agent
+    does, starting from START and the record of the tests of its root."""
 
     def __init__(self, start):
         from mlplcode.journal import fold
-        self.events, self.state = [start], fold([start])
+        self.events = [start, tests_event(start["root"])]
+        self.state = fold(self.events)
 
     def __call__(self, event):
         from mlplcode.journal import apply

@@ -254,7 +254,8 @@ def test_an_interrupt_before_the_verdict_says_the_action_was_not_carried_out(age
     agent.on_event = watcher
     with pytest.raises(KeyboardInterrupt):
         agent.step()
-    assert [event["type"] for event in agent.events] == ["start", "reply", "action", "observation", "stop"]
+    assert [event["type"] for event in agent.events] == ["start", "tests", "reply", "action", "observation",
+                                                               "stop"]
     assert agent.state.steps[0].observation["text"] == (
         "INTERRUPTED: the human stopped this step before it finished; its action was not carried out")
 

@@ -281,7 +281,7 @@ def test_a_model_server_that_is_down_stops_the_run_with_error_and_keeps_the_jour
         "timeout": 600.0, "grammar": None, "context": 2048, "max_tokens": 512, "server": "unknown",
         "context_from": "assumed"}
     events = read_events(journal)
-    assert [e["type"] for e in events] == ["start", "stop"]
+    assert [e["type"] for e in events] == ["start", "tests", "stop"]  # recorded before the first step
     assert events[-1]["reason"] == "error"
 
 

@@ -149,7 +149,8 @@ def test_a_tool_failure_is_an_error_observation(project):
 def test_step_takes_exactly_one_turn(project):
     record = Recorder(start_event(project))
     step(record.state, scripted(["READ calc.py", "READ test_calc.py"]), open_project(project), record)
-    assert [e["type"] for e in record.events] == ["start", "reply", "action", "verdict", "observation"]
+    assert [e["type"] for e in record.events] == ["start", "tests", "reply", "action", "verdict",
+                                                   "observation"]
 
 
 def test_an_ask_waits_for_decide(project):

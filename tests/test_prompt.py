@@ -9,7 +9,7 @@ from mlplcode.tools.project import open_project
 def test_the_prompt_at_step_1(project):
     record = Recorder(start_event(project, budget=5))
     step(record.state, model_from_spec("echo"), open_project(project), record)
-    assert record.events[1]["text"] == (
+    assert record.events[2]["text"] == (
         "[34acbbe8] TASK:\nAdd mul and its test\n\n"
         "[34acbbe8] You have 5 of 5 steps left. Reply with exactly one action.")
 

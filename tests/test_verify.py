@@ -8,9 +8,10 @@ import pytest
 from conftest import start_event
 from mlplcode import Agent
 from mlplcode.cli import replay
-from mlplcode.journal import append_event, read_events
+from mlplcode import journal as journals, verify  # tests_* names would be collected as tests
+from mlplcode.journal import append_event, fold, read_events
 from mlplcode.policy import DEFAULT_POLICY, always
-from mlplcode.verify import copy_project, decides_tests, snapshot_tests
+from mlplcode.verify import UNRECORDED, copy_project, decides_tests, keep_tests, kept_tests, snapshot_tests
 
 CALC = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
 TESTS = ("from calc import add, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
@@ -19,6 +20,7 @@ TASK = "Fix add so that the tests pass"
 FIXED = "PATCH calc.py\nOLD\ndef add(a, b):\n    return a - b\nNEW\ndef add(a, b):\n    return a + b\nEND"
 TOUCH_CODE = "PATCH calc.py\nOLD\ndef sub(a, b):\nNEW\ndef sub(a, b):  # checked\nEND"
 RUN = "RUN python -m pytest -q"
+TOUCH_ADD = "PATCH calc.py\nOLD\ndef add(a, b):\nNEW\ndef add(a, b):  # checked\nEND"
 
 
 @pytest.fixture
@@ -385,11 +387,71 @@ def test_a_test_data_file_that_was_not_kept_cannot_be_put_back(wrong, tmp_path, 
     ({"a/../test_x.py": {"text": "x"}}, "is not a path inside the root"),
     ({"test_x.py": {"text": 1}}, "is not one verification wrote"),
     ({"test_x.py": {"mode": "x"}}, "is not one verification wrote")])
-def test_a_start_event_whose_record_of_the_tests_is_forged_is_refused(wrong, tmp_path, tests, problem):
+def test_a_forged_record_of_the_tests_is_no_record(wrong, tmp_path, tests, problem):
+    """A record that verification would not write is taken for missing, and the DONE goes to a person."""
+    assert problem in journals.tests_problem(tests)
+    assert kept_tests(keep_tests(tests)) is None
+    agent = run(wrong, ["READ calc.py", TOUCH_CODE, RUN, "DONE add is fixed"], tmp_path)
+    forged = {**agent.events[1], "sha256": keep_tests(tests)}
     journal = str(tmp_path / "forged.jsonl")
-    append_event(journal, {**start_event(wrong), "tests": tests})
-    with pytest.raises(ValueError, match=f"line 1: tests: .*{problem}"):
+    for event in [agent.events[0], forged, *agent.events[2:]]:
+        append_event(journal, event)
+    assert verify.tests_at_start(fold(read_events(journal))) is None
+
+
+def test_a_record_changed_after_it_was_kept_is_no_record(project, tmp_path):
+    record = snapshot_tests(project)
+    digest = keep_tests(record)
+    assert kept_tests(digest) == record
+    path = os.path.join(verify.tests_directory(), f"{digest}.json")
+    with open(path, "w") as file:
+        json.dump({"test_calc.py": {"text": "def test_add():\n    assert True\n"}}, file)
+    assert kept_tests(digest) is None
+    os.unlink(path)
+    os.symlink(os.path.join(project, "test_calc.py"), path)
+    assert kept_tests(digest) is None
+    os.unlink(path)
+
+
+@pytest.mark.parametrize("event, problem", [
+    ({"type": "tests", "sha256": "../../etc/passwd", "files": 1}, "named by its SHA-256"),
+    ({"type": "tests", "sha256": "A" * 64, "files": 1}, "named by its SHA-256"),
+    ({"type": "tests", "sha256": "0" * 64}, "needs files")])
+def test_a_tests_event_that_no_run_wrote_is_refused(wrong, tmp_path, event, problem):
+    journal = str(tmp_path / "forged.jsonl")
+    append_event(journal, start_event(wrong))
+    append_event(journal, event)
+    with pytest.raises(ValueError, match=f"line 2: .*{problem}"):
         read_events(journal)
+
+
+def test_the_record_of_the_tests_comes_before_the_first_step(wrong, tmp_path):
+    agent = run(wrong, ["READ calc.py", "DONE nothing"], tmp_path)
+    kinds = [event["type"] for event in agent.events]
+    assert kinds[:3] == ["start", "tests", "reply"]
+    journal = str(tmp_path / "late.jsonl")
+    for event in [agent.events[0], *agent.events[2:4], agent.events[1]]:
+        append_event(journal, event)
+    with pytest.raises(ValueError, match="line 4: .*before the first step"):
+        read_events(journal)
+
+
+@pytest.mark.parametrize("accepted", [False, True])
+def test_a_done_with_no_record_of_the_tests_asks_a_person(project, tmp_path, accepted):
+    """A run whose record is not on this machine (its journal sent from another, or the record lost)
+    cannot be judged by the tests as they were: only a person may accept its DONE."""
+    script = tmp_path / "replies.json"
+    script.write_text(json.dumps(["READ calc.py", TOUCH_ADD, RUN, "DONE add is checked"]))
+    agent = Agent.start(TASK, project, f"scripted:{script}", journal=str(tmp_path / "run.jsonl"),
+                        policy={**DEFAULT_POLICY, "write": "allow"})
+    agent.step(3)
+    os.unlink(os.path.join(verify.tests_directory(), f"{agent.state.tests}.json"))
+    agent.step()
+    step = done_step(agent)
+    assert step.verdict == "ask" and step.reason == "NOT VERIFIED: " + UNRECORDED
+    agent.approve() if accepted else agent.deny()
+    assert agent.state.steps[-1].observation["ok"] is accepted
+    assert (agent.state.stop or {}).get("reason") == ("done" if accepted else None)
 
 
 def test_a_run_that_only_adds_an_empty_test_asks_a_person(project, tmp_path):

@@ -20,6 +20,7 @@ from .journal import (
     cut_torn_line,
     fold,
     read_events,
+    runs_directory,
     snapshot,
     start_problem,
     sync_journal,
@@ -37,7 +38,7 @@ from .prompt import Rendered, build_context
 from .show import as_html, as_markdown, as_text, report_views
 from .tools.project import open_project
 from .trust import inside
-from .verify import snapshot_tests
+from .verify import keep_tests, snapshot_tests
 
 PYTHON_WORDS = {
     "step": "step()",
@@ -65,14 +66,6 @@ def new_run_id():
     """An id such as 20250130-142501-3fa2: the start time, then four random hex
     digits."""
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
-
-def runs_directory():
-    """Where journals are kept unless a run names its own:
-    $XDG_STATE_HOME/mlplcode/runs."""
-    state = os.environ.get("XDG_STATE_HOME", "")
-    if not os.path.isabs(state):
-        state = os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(state, "mlplcode", "runs")
 
 def starts_directory():
     """Where a copy of each run's start event is kept: starts/ beside runs/."""
@@ -333,7 +326,6 @@ class Agent:
             "root": root,
             "run": run,
             "marker": secrets.token_hex(4),
-            "tests": snapshot_tests(root),
         }
         if may_change:
             start["may_change"] = sorted({os.path.normpath(path) for path in may_change})
@@ -378,11 +370,13 @@ class Agent:
             start["root"],
             start["model"],
         )
-        self.rendered, self.project, self.model = Rendered(), None, None
+        self.rendered, self.model = Rendered(), None
+        self.opened, self.preparing = None, None
         if goes_on:
             if not os.path.isdir(self.root):
                 raise ValueError(f"{self.journal}: the run's project {self.root} is gone")
-            self.project = open_project(self.root)
+            first = self.state.tests is None and not self.state.steps
+            self.preparing = Preparing(self.root, record_tests=first)
             retry = {"on_retry": self.on_retry} if self.on_retry else {}
             used = replies_used(
                 self.model_spec, len(self.state.steps), self.state.compactions
@@ -390,6 +384,21 @@ class Agent:
             self.model = model or model_from_spec(
                 self.model_spec, used=used, **start["model_options"], **retry
             )
+
+    @property
+    def project(self):
+        """The project, once opened; the first use waits for it, and records the tests as
+        they were when the run has no record of them yet."""
+        if self.preparing:
+            self.opened, tests = self.preparing.wait()
+            self.preparing = None
+            if tests:
+                self.record(tests)
+        return self.opened
+    
+    @project.setter
+    def project(self, project):
+        self.opened = project
 
     def record(self, event):
         """Append EVENT to the journal, flushed, then apply it to the state and tell the
@@ -571,6 +580,34 @@ class Agent:
     def report(self, numbers):
         """A Report of the steps NUMBERS, in the state as it is now."""
         return Report(self.run_id, snapshot(self.state), tuple(numbers))
+
+class Preparing:
+    """What a run needs before its first step, made in a thread of its own: the project
+    at ROOT opened and, when RECORD_TESTS, its tests recorded as they are. wait() gives
+    (project, the tests event or None) and raises what the thread raised."""
+
+    def __init__(self, root, record_tests):
+        self.result, self.error = None, None
+        self.thread = threading.Thread(target=self.prepare, args=(root, record_tests))
+        self.thread.start()
+
+    def prepare(self, root, record_tests):
+        time.sleep(0)  # the thread that started this one goes on first
+        try:
+            tests = None
+            if record_tests:
+                record = snapshot_tests(root)
+                digest, files = keep_tests(record), len(record)
+                tests = {"type": "tests", "sha256": digest, "files": files}
+            self.result = open_project(root), tests
+        except Exception as error:  # raised again in the run's own thread
+            self.error = error
+
+    def wait(self):
+        self.thread.join()
+        if self.error:
+            raise self.error
+        return self.result
 
 class Syncing:
     """The sync of the journal at PATH, in a thread of its own; wait() waits for it and

@@ -2,9 +2,18 @@
 
 import json
 import os
+import re
 from dataclasses import dataclass, field, replace
 
 DEFAULT_BUDGET = 20
+
+def runs_directory():
+    """Where journals are kept unless a run names its own:
+    $XDG_STATE_HOME/mlplcode/runs."""
+    state = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(state):
+        state = os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "mlplcode", "runs")
 
 def append_event(path, event):
     """Append EVENT to the journal at PATH as one line, in one write call.
@@ -40,7 +49,6 @@ EVENT_FIELDS = {
         "model_options": dict,
         "root": str,
         "run": str,
-        "tests": dict,
     },
     "note": {"text": str},
     "reply": {"step": int, "text": str},
@@ -52,6 +60,7 @@ EVENT_FIELDS = {
     "resume": {},
     "compact": {"upto": int, "summary": str},
     "branch": {"parent": str, "sha256": str, "at": int},
+    "tests": {"sha256": str, "files": int},
 }
 
 def event_problem(event, index, steps, start_index=0):
@@ -88,6 +97,8 @@ def event_problem(event, index, steps, start_index=0):
         return f"a {kind} of step {event['step']} after the reply of step {steps}"
     if kind == "compact" and not 0 < event["upto"] <= steps:
         return f"a summary of steps 1 to {event['upto']} after {steps} steps"
+    if kind == "tests" and (steps or not DIGEST.fullmatch(event["sha256"])):
+        return "a record of the tests is named by its SHA-256, before the first step"
     return ""
 
 def start_problem(start):
@@ -110,11 +121,12 @@ def start_problem(start):
         isinstance(path, str) and not outside_root(path) for path in may_change
     ):
         return "a start event's may_change is a list of paths inside the root"
-    return tests_problem(start["tests"])
+    return ""
 
 def untold_steps(untold):
     return isinstance(untold, list) and all(type(n) is int and n > 0 for n in untold)
 
+DIGEST = re.compile("[0-9a-f]{64}")
 TEST_ENTRY_FIELDS = {"sha256", "text", "link", "other"}
 
 
@@ -130,7 +142,7 @@ def outside_root(path):
 
 
 def tests_problem(tests):
-    """What is wrong with a start event's record of the tests, or ""."""
+    """What is wrong with a record of the tests as they were, or ""."""
     for path, entry in tests.items():
         if outside_root(path):
             return f"tests: {path!r} is not a path inside the root"
@@ -208,6 +220,7 @@ class State:
     compactions: int = 0
     stop: dict | None = None
     branch: dict | None = None
+    tests: str | None = None
 
 def apply(state, event):
     """Change STATE by one EVENT, and return it: the meaning of every event, in one
@@ -255,6 +268,8 @@ def apply(state, event):
             "at": event["at"],
             "untold": event.get("untold", []),
         }
+    elif kind == "tests":
+        state.tests = event["sha256"]
     return state
 
 def fold(events):

@@ -4,6 +4,7 @@ were are the judge."""
 import difflib
 import fnmatch
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -11,6 +12,7 @@ import tempfile
 from dataclasses import replace
 
 from .commands import PYTEST_PREFIXES, parse_command
+from .journal import runs_directory, tests_problem
 from .policy import test_configuration
 from .tools.paths import ignore_rules, is_secret_name
 from .tools.project import open_project
@@ -192,16 +194,64 @@ def snapshot_tests(root):
         snapshot[path] = entry
     return snapshot
 
+def tests_directory():
+    """Where the records of the tests are kept: tests/ beside runs/."""
+    return os.path.join(os.path.dirname(runs_directory()), "tests")
+
+
+def keep_tests(record):
+    """Keep RECORD, as snapshot_tests made it, under the SHA-256 of its text, unless it
+    is kept already; return that digest."""
+    data = json.dumps(record, ensure_ascii=False, sort_keys=True).encode("utf-8")
+    digest, directory = hashlib.sha256(data).hexdigest(), tests_directory()
+    path = os.path.join(directory, f"{digest}.json")
+    if os.path.lexists(path):
+        return digest
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=directory, delete=False) as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(file.name, path)
+    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    return digest
+
+def kept_tests(digest):
+    """The record kept under DIGEST, or None when none is, or what is there is not
+    it."""
+    file = open_regular(os.path.join(tests_directory(), f"{digest}.json"))
+    if file is None:
+        return None
+    with file:
+        data = file.read()
+    if hashlib.sha256(data).hexdigest() != digest:
+        return None
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) and not tests_problem(record) else None
+
+
+def tests_at_start(state):
+    """The record of the tests as the run found them at its start, or None when this
+    machine keeps none for it."""
+    return kept_tests(state.tests) if state.tests else None
+
 def allowed_changes(state):
     """The test files a person allowed the run to change, once it has changed code
     too."""
     return set(state.start.get("may_change", ())) if edited_code(state) else set()
 
 
-def changed_files(state, root):
+def changed_files(state, root, start):
     """[(path, entry at the start, entry now, bytes now)] for each file deciding the
-    tests that differs, but those the person allowed the run to change."""
-    start, allowed = state.start["tests"], allowed_changes(state)
+    tests that differs from START, the record, but those a person allowed to change."""
+    allowed = allowed_changes(state)
     changed = []
     for path in sorted((set(start) | set(test_files(root))) - allowed):
         now, data = file_state(root, path)
@@ -323,10 +373,17 @@ def tests_diff(changed, project):
         )
     return text
 
+UNRECORDED = "this machine keeps no record of the tests as they were before this run"
+
+
 def test_changes(state, project, changed=None):
     """What this run did to what decides the tests: {"touched": [phrases], "diff":
     text}."""
-    changed = changed_files(state, project.root) if changed is None else changed
+    if changed is None:
+        start = tests_at_start(state)
+        if start is None:
+            return {"touched": [UNRECORDED], "diff": f"({UNRECORDED})\n"}
+        changed = changed_files(state, project.root, start)
     return {"touched": touches(state, changed), "diff": tests_diff(changed, project)}
 
 LEFT_OUT = (".git", "__pycache__", ".pytest_cache")
@@ -437,7 +494,10 @@ def edited_code(state):
 def verify_tests(state, project):
     """(True, note, changes) when the tests as they were pass, or need no run; else
     (False, why, changes)."""
-    changed = changed_files(state, project.root)
+    start = tests_at_start(state)
+    if start is None:
+        return False, UNRECORDED, test_changes(state, project)
+    changed = changed_files(state, project.root, start)
     changes = test_changes(state, project, changed)
     if not changes["touched"]:
         return True, allowed_note(state), changes
@@ -446,7 +506,7 @@ def verify_tests(state, project):
         f"this run changed only what decides the tests ({done}), none of the code they"
         " test"
     )
-    if not any(test_module(path) for path in state.start["tests"]):
+    if not any(test_module(path) for path in start):
         if not edited_code(state):
             return False, only_tests, changes
         return True, "; there were no tests before this run", changes
