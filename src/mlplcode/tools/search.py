@@ -196,7 +196,7 @@ def first_files(matches: Iterator[Match]) -> tuple[list[Match], str, int]:
     unnamed: set[str] = set()
     try:
         for match in matches:
-            if unnameable(match.path):
+            if match.path in unnamed or (match.path not in files and unnameable(match.path)):
                 unnamed.add(match.path)
                 continue
             if match.path not in files:
