@@ -97,12 +97,13 @@ class Recorder:
 
 # The order in which pytest-xdist hands the test files to its workers (python3 tasks.py test runs
 # it with --dist loadfile: a file to a worker, so that a file's shared fixtures are made once). By
-# itself it hands out the files with the most tests first. These files have few tests and the
-# suite's longest fixtures and runs, and one of them handed out last kept its worker busy for
-# minutes after the other had finished; so they go first, longest first, each to the first worker
-# free, and the rest follow by their number of tests as before. (The queue of files is reordered,
-# never a worker's collection: the controller names a worker's tests by their place in it.) The
-# CPU-seconds are what each took in a cpuacct cgroup on the project's two-core machine.
+# itself it hands out the files with the most tests first, and these have few tests and the
+# suite's longest fixtures and runs: the export and the matrix were handed out 220 s and 310 s
+# into a run, and whether the two workers then ended together was luck. So they go first, longest
+# first, each to the first worker free, and what is handed out last is short; the rest follow by
+# their number of tests as before. (The queue of files is reordered, never a worker's collection:
+# the controller names a worker's tests by their place in it.) The CPU-seconds are what each took
+# in a cpuacct cgroup on the project's two-core machine.
 LONGEST_FILES = [
     "tests/test_export.py",             # 82: two exports of the book, Chromium on its page
     "tests/test_eval.py",               # 81: the Done-when matrix
