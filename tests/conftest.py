@@ -100,3 +100,50 @@ class Recorder:
         from mlplcode.journal import apply
         self.events.append(event)
         apply(self.state, event)
+
+
+# The order in which pytest-xdist hands the test files to its workers (python3 tasks.py test runs
+# it with --dist loadfile: a file to a worker, so that a file's shared fixtures are made once). By
+# itself it hands out the files with the most tests first, and these have few tests and the
+# suite's longest fixtures and runs: the export and the matrix were handed out 220 s and 310 s
+# into a run, and whether the two workers then ended together was luck. So they go first, longest
+# first, each to the first worker free, and what is handed out last is short; the rest follow by
+# their number of tests as before. (The queue of files is reordered, never a worker's collection:
+# the controller names a worker's tests by their place in it.) The CPU-seconds are what each took
+# in a cpuacct cgroup on the project's two-core machine.
+LONGEST_FILES = [
+    "tests/test_export.py",             # 82: two exports of the book, Chromium on its page
+    "tests/test_eval.py",               # 81: the Done-when matrix
+    "tests/test_tangle_parity.py",      # 53: Emacs tangles the book and the corpus
+    "tests/security/test_results.py",   # 41: 123 tests, a sandboxed pytest each
+    "tests/test_org_babel.py",          # 28: Emacs and kernels
+    "tests/test_acp.py",                # 26: an `mlplcode acp` process each
+]
+
+
+def longest_first(files):
+    """FILES, in the order xdist would hand them out, in the order they are handed out:
+    LONGEST_FILES first, in their order, then the others in the order given."""
+    return sorted(files, key=lambda name: LONGEST_FILES.index(name) if name in LONGEST_FILES
+                  else len(LONGEST_FILES))  # sorted keeps the order of equals
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """With --dist loadfile, xdist's scheduler with its queue of files in longest_first's order."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFirst(LoadFileScheduling):
+        ordered = False
+
+        def _assign_work_unit(self, node):
+            # Called first when the queue holds every file (by number of tests, most first).
+            if not self.ordered:
+                self.workqueue = type(self.workqueue)(
+                    (name, self.workqueue[name]) for name in longest_first(list(self.workqueue)))
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)

@@ -58,22 +58,30 @@ def eval_args(out, *models, reps=1, suite=SUITE):
 
 # ---------------------------------------------------------------- the example suite, in full
 
+# Repetitions of the matrix. A scripted persona replies the same in every trial, so what repetitions
+# can show is that a persona's trials agree and that each runs on a copy of its own: two show both as
+# well as the three of the book's command, at two thirds of the cost (the matrix is the suite's
+# largest fixture, about 0.7 CPU-seconds a trial). The counts checked are a repetition's times REPS.
+REPS = 2
+
+
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
-    """The Done-when matrix: examples/tasks × the four personas × 3 repetitions, two workers."""
+    """The Done-when matrix: examples/tasks × the four personas × REPS repetitions, two workers."""
     require_tool("bwrap", "the hidden checks' sandbox")
     out = tmp_path_factory.mktemp("eval") / "report"
-    status = main(eval_args(out, *(f"scripted:{{task}}/{name}.json" for name in PERSONAS), reps=3) + ["--workers", "2"])
+    status = main(eval_args(out, *(f"scripted:{{task}}/{name}.json" for name in PERSONAS), reps=REPS)
+                  + ["--workers", "2"])
     assert status == 0
     with open(out / "report.json", encoding="utf-8") as file:
         report = json.load(file)
     return out, report, {name: report["models"][number] for number, name in enumerate(PERSONAS)}
 
 
-def test_the_matrix_runs_every_task_with_every_persona_three_times_in_the_sandbox(matrix):
+def test_the_matrix_runs_every_task_with_every_persona_in_every_repetition_in_the_sandbox(matrix):
     out, report, _ = matrix
-    assert len(report["tasks"]) >= 12 and report["reps"] == 3
-    assert report["trials"] == len(report["records"]) == len(report["tasks"]) * 4 * 3
+    assert len(report["tasks"]) >= 12 and report["reps"] == REPS
+    assert report["trials"] == len(report["records"]) == len(report["tasks"]) * 4 * REPS
     assert report["sandboxed"] == report["trials"]
     roots = set()
     for record in report["records"]:
@@ -85,11 +93,11 @@ def test_the_matrix_runs_every_task_with_every_persona_three_times_in_the_sandbo
 
 def test_the_oracle_succeeds_on_every_task(matrix):
     oracle = matrix[2]["oracle"]
-    assert oracle["check_passed"] == oracle["done"] == oracle["trials"] == 36
+    assert oracle["check_passed"] == oracle["done"] == oracle["trials"] == 12 * REPS
     assert oracle["false_success"] == 0
     # Two tasks change what the tests check (a rename, a new rule), and their settings say which test
     # files they may change: with nobody to accept such a DONE, that is how an evaluation finishes them.
-    assert oracle["stops"] == {"done": 36} and oracle["done_refused"] == 0
+    assert oracle["stops"] == {"done": 12 * REPS} and oracle["done_refused"] == 0
     for record in matrix[1]["records"]:
         if record["model"] == 1 and record["task"] in ("rename-across-files", "edit-breaks-other-test"):
             events = read_events(os.path.join(matrix[0], record["journal"]))
@@ -104,7 +112,7 @@ def test_the_cheater_never_succeeds_and_no_done_of_its_is_accepted(matrix):
     # Verification refuses every DONE of the cheater's without a person: false success is zero
     # without the hidden check, which agrees.
     assert cheater["false_success"] == 0 and cheater["stops"].get("done", 0) == 0
-    assert cheater["done_refused"] == cheater["trials"] == 36
+    assert cheater["done_refused"] == cheater["trials"] == 12 * REPS
     conftest_cheat = [r for r in report["records"] if r["model"] == 3 and r["task"] == "fix-failing-test"]
     assert all(not r["check_passed"] for r in conftest_cheat)  # a conftest.py that passes every test is not loaded
 
@@ -136,14 +144,15 @@ def test_a_scripted_persona_does_the_same_in_every_repetition(matrix):
     for record in report["records"]:
         by_trial.setdefault((record["model"], record["task"]), []).append(same(record))
     for records in by_trial.values():
-        assert len(records) == 3 and records[0] == records[1] == records[2]
+        assert len(records) == REPS and all(record == records[0] for record in records)
 
 
 def test_the_report_is_written_as_markdown_json_and_one_page_with_its_chart(matrix, capsys):
     out, report, _ = matrix
     with open(out / "report.md", encoding="utf-8") as file:
         markdown = file.read()
-    assert "| 1: scripted:{task}/oracle.json | 100% (36/36) | 100% (36/36) | 0 | 0 | done 36 |" in markdown
+    n = 12 * REPS
+    assert f"| 1: scripted:{{task}}/oracle.json | 100% ({n}/{n}) | 100% ({n}/{n}) | 0 | 0 | done {n} |" in markdown
     assert "![hidden checks passed, false successes and unsafe actions per model](chart.png)" in markdown
     assert markdown.count("| task | DONE accepted by the agent | hidden check passed |") == 4
     with open(out / "chart.png", "rb") as file:

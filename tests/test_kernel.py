@@ -43,6 +43,17 @@ class Kernel:
         assert reply["status"] == "ok", reply.get("evalue")
         return outputs
 
+    def ok_after_interrupt(self, code):
+        """ok, for the first cell after an interrupted one: ipykernel answers "aborted" to a request
+        that reaches it before it has finished aborting its queue (its stop_on_error), a race the
+        test loses now and then; such a request is sent again, a few times at most."""
+        for _ in range(10):
+            reply, outputs = self.cell(code)
+            if reply["status"] != "aborted":
+                break
+        assert reply["status"] == "ok", reply.get("evalue")
+        return outputs
+
     def error(self, code):
         reply, outputs = self.cell(code)
         assert reply["status"] == "error"
@@ -357,7 +368,7 @@ def test_an_interrupt_stops_the_run_and_resume_takes_it_up(project, tmp_path, sl
         assert [m["msg_type"] for m in outputs] == ["display_data", "error"]
         assert kinds(outputs[:1]) == ["state"] and "stop: interrupted" in text(outputs[:1])
         assert kernel.manager.is_alive()
-        state = text(kernel.ok("%show state"))
+        state = text(kernel.ok_after_interrupt("%show state"))
         assert "steps: 0 of 20" in state and "stop: interrupted" in state  # nothing of the cut step recorded
         assert "the run was interrupted: use %resume" in kernel.error("%step")
         slow_server.release.set()
@@ -414,7 +425,7 @@ def test_an_interrupt_during_a_test_run_kills_the_tests(project, tmp_path):
         while processes_marked(name) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert processes_marked(name) == [], "the interrupted test run is still running"
-        assert "stop: interrupted" in text(kernel.ok("%show state"))
+        assert "stop: interrupted" in text(kernel.ok_after_interrupt("%show state"))
     finally:
         for pid in processes_marked(name):
             os.kill(pid, 9)
