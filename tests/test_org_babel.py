@@ -103,6 +103,24 @@ def sessions(tmp_path):
 
 # ---------------------------------------------------------------- the bridge, on the python3 kernel
 
+def stream(text, name="stdout"):
+    return {"msg_type": "stream", "content": {"name": name, "text": text}}
+
+
+def test_a_line_sent_in_two_stream_messages_is_one_line():
+    """ipykernel may flush a print's text before its newline, as it did once on a loaded machine."""
+    from mlplcode.babel import Outputs
+    outputs = Outputs()
+    for message in [stream("42"), stream("\n"), stream("warned\n", "stderr"), stream("more"),
+                    {"msg_type": "clear_output", "content": {"wait": True}}, stream("after")]:
+        outputs.hook(message)
+    assert outputs.text() == "after\n"
+    outputs = Outputs()
+    for message in [stream("42"), stream("\n"), stream("warned\n", "stderr"), stream("more")]:
+        outputs.hook(message)
+    assert outputs.text() == "42\nwarned\nmore\n"
+
+
 def test_a_session_keeps_its_kernel_between_blocks_until_stopped(sessions):
     first = sessions.bridge("--session", "s", "--kernel", "python3", block="x = 41\nprint('set')\n")
     assert (first.returncode, first.stdout, first.stderr) == (0, "set\n", "")

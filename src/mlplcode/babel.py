@@ -257,8 +257,12 @@ class Outputs:
     def hook(self, message):
         kind, content = message["msg_type"], message["content"]
         display_id = content.get("transient", {}).get("display_id")
-        if kind == "stream":
-            self.add(content["text"])
+        stream = ("stream", content.get("name"))
+        joins = self.items and self.items[-1][0] == stream and not self.clear_pending
+        if kind == "stream" and joins:
+            self.items[-1][1] += content["text"]
+        elif kind == "stream":
+            self.add(content["text"], stream)
         elif kind in ("display_data", "execute_result"):
             self.add(plain(content), display_id)
         elif kind == "update_display_data":
