@@ -106,7 +106,7 @@ class Recorder:
 # it with --dist loadfile: a file to a worker, so that a file's shared fixtures are made once). By
 # itself it hands out the files with the most tests first, and these have few tests and the
 # suite's longest fixtures and runs: the export and the matrix were handed out 220 s and 310 s
-# into a run, and whether the two workers then ended together was luck. So they go first, longest
+# into a run, and whether the workers then ended together was luck. So they go first, longest
 # first, each to the first worker free, and what is handed out last is short; the rest follow by
 # their number of tests as before. (The queue of files is reordered, never a worker's collection:
 # the controller names a worker's tests by their place in it.) The CPU-seconds are what each took
