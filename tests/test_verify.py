@@ -413,6 +413,17 @@ def test_a_record_changed_after_it_was_kept_is_no_record(project, tmp_path):
     os.unlink(path)
 
 
+def test_a_record_is_kept_in_a_state_directory_reached_through_a_link(project, tmp_path, monkeypatch):
+    """A home or state directory behind a link is common; the record is written where the link leads."""
+    (tmp_path / "real-state").mkdir()
+    os.symlink(tmp_path / "real-state", tmp_path / "state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    record = snapshot_tests(project)
+    assert kept_tests(keep_tests(record)) == record
+    assert keep_tests(record) == keep_tests(dict(reversed(record.items())))  # one text per record
+    assert oct(os.stat(tmp_path / "real-state" / "mlplcode" / "tests").st_mode & 0o777) == "0o700"
+
+
 @pytest.mark.parametrize("event, problem", [
     ({"type": "tests", "sha256": "../../etc/passwd", "files": 1}, "named by its SHA-256"),
     ({"type": "tests", "sha256": "A" * 64, "files": 1}, "named by its SHA-256"),

@@ -12,12 +12,13 @@ import tempfile
 from dataclasses import replace
 
 from .commands import PYTEST_PREFIXES, parse_command
-from .journal import runs_directory, tests_problem
+from .journal import runs_directory, sync_journal, tests_problem
 from .policy import test_configuration
 from .tools.paths import ignore_rules, is_secret_name
 from .tools.project import open_project
 from .tools.read import COPY, EMPTY, OUT, copied_link, copy_tree
 from .tools.run import counted
+from .tools.write import write_atomically
 from .trust import redact
 from .verbs import execute
 
@@ -202,22 +203,15 @@ def tests_directory():
 def keep_tests(record):
     """Keep RECORD, as snapshot_tests made it, under the SHA-256 of its text, unless it
     is kept already; return that digest."""
-    data = json.dumps(record, ensure_ascii=False, sort_keys=True).encode("utf-8")
-    digest, directory = hashlib.sha256(data).hexdigest(), tests_directory()
+    text = json.dumps(record, ensure_ascii=False, sort_keys=True)
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    directory = tests_directory()
     path = os.path.join(directory, f"{digest}.json")
-    if os.path.lexists(path):
-        return digest
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=directory, delete=False) as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(file.name, path)
-    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    if not os.path.lexists(path):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        real = os.path.realpath(directory)
+        write_atomically(os.path.join(real, f"{digest}.json"), text, real, path)
+        sync_journal(real)
     return digest
 
 def kept_tests(digest):
