@@ -282,6 +282,15 @@ def test_search_stops_after_the_file_cap(project, backend):
                          " first 200; narrow the query]")
 
 
+@pytest.mark.parametrize("text", ["", "ab", "ab\n", "\nab", "ab\nab\n\nxabx", "aba\n\n\nb\r\n",
+                                  "\n\n", "a\nb", "abab\nbab"])
+@pytest.mark.parametrize("query", ["a", "b", "ab", "ba", "\r", "x"])
+def test_lines_matching_is_every_line_holding_the_query(text, query):
+    by_line = [search.Match("f", number, line)
+               for number, line in enumerate(text.split("\n"), start=1) if query in line]
+    assert list(search.lines_matching("f", text, query)) == by_line
+
+
 def test_search_backends_agree(project, monkeypatch):
     require_tool("rg", "SEARCH with ripgrep")
     files = {

@@ -4,9 +4,8 @@ Python."""
 import contextlib
 import os
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import pathspec
@@ -43,10 +42,10 @@ def walk_searchable(
 ) -> Iterator[str]:
     """Yield the relative paths of the files SEARCH may look at, in path order.
 
-    Entries are visited sorted by name, depth first: the order of `rg --sort
-    path`, so both backends stop at the same file when the file cap is reached.
-    Only real files and directories are taken, never symlinks (ripgrep skips
-    them too), so no link leads the search out of the root. Denied and
+    Entries are visited sorted by name, depth first: the order ripgrep_files puts
+    ripgrep's list in, so both backends stop at the same file when the file cap is
+    reached. Only real files and directories are taken, never symlinks (ripgrep
+    skips them too), so no link leads the search out of the root. Denied and
     gitignored paths are pruned with everything under them, and so is what lies
     deeper than SEARCH_MAX_DEPTH, as ripgrep's --max-depth does.
     """
@@ -65,42 +64,52 @@ def walk_searchable(
 def lines_matching(relative: str, text: str, query: str) -> Iterator[Match]:
     """Yield the lines of one file's text that contain the query literally, numbered
     from 1."""
-    for number, line in enumerate(text.split("\n"), start=1):
-        if query in line:
-            yield Match(relative, number, line)
+    number, end = 1, 0
+    at = text.find(query)
+    while at != -1:
+        begin = text.rfind("\n", end, at) + 1
+        number += text.count("\n", end, begin)
+        end = text.find("\n", at)
+        if end == -1:
+            end = len(text)
+        yield Match(relative, number, text[begin:end])
+        at = text.find(query, end)
 
-def python_matches(project, query: str, deadline: float) -> Iterator[Match]:
-    """Search in pure Python, for machines without ripgrep; yields matches in path
-    order.
+def matches_in(root: str, files: Iterable[str], query: str, deadline: float) -> Iterator[Match]:
+    """Yield the matches in FILES, paths relative to ROOT, taken in their order and
+    skipping the files READ would refuse.
 
     Raises SearchTimedOut when the deadline passes, checked before each file.
     """
-    gitignore, mlplcodeignore = (
-        project.ignore[".gitignore"],
-        project.ignore[".mlplcodeignore"],
-    )
-    for relative in walk_searchable(project.root, "", gitignore, mlplcodeignore):
+    for relative in files:
         if time.monotonic() > deadline:
             raise SearchTimedOut
-        text = read_if_text(os.path.join(project.root, relative))
+        text = read_if_text(os.path.join(root, relative))
         if text is not None:
             yield from lines_matching(relative, text, query)
 
+
+def python_matches(project, query: str, deadline: float) -> Iterator[Match]:
+    """Search in pure Python, for machines without ripgrep; yields matches in path
+    order."""
+    files = walk_searchable(
+        project.root, "", project.ignore[".gitignore"], project.ignore[".mlplcodeignore"]
+    )
+    return matches_in(project.root, files, query, deadline)
+
 def ripgrep_command(project, query: str) -> list[str]:
-    """Build the rg argv that searches exactly the files python_matches searches.
+    """Build the rg argv that lists the files holding the query, of exactly the files
+    python_matches searches.
 
     rg's own ignore logic is switched off (--no-ignore, --hidden, --no-config) and
     replaced by ours: the root .gitignore and .mlplcodeignore as ignore files,
     .git and secret names as excluding globs. --text and --encoding none make rg
-    report every file raw, so the binary rule is applied after, by decode_text.
+    look at every file raw, so the binary rule is applied after, by decode_text.
     """
     command = [
         project.programs["rg"],
+        "--files-with-matches",
         "--fixed-strings",
-        "--line-number",
-        "--no-heading",
-        "--color",
-        "never",
         "--null",
         "--text",
         "--encoding",
@@ -108,8 +117,6 @@ def ripgrep_command(project, query: str) -> list[str]:
         "--hidden",
         "--no-ignore",
         "--no-config",
-        "--sort",
-        "path",
         "--max-depth",
         str(SEARCH_MAX_DEPTH),
         "--max-filesize",
@@ -123,59 +130,33 @@ def ripgrep_command(project, query: str) -> list[str]:
             command += ["--ignore-file", name]
     return command + ["--regexp", query, "."]
 
-def ripgrep_records(lines: Iterator[bytes]) -> Iterator[bytes]:
-    """The records of `rg --null` output, each whole though its path may hold
-    newlines."""
-    pending = b""
-    for line in lines:
-        pending += line
-        if b"\0" in pending:
-            yield pending
-            pending = b""
-
-
-def parse_ripgrep_line(raw: bytes) -> Match:
-    """Split one line of `rg --null` output, `./path NUL number : text`, into a
-    Match."""
-    path, _, rest = raw.removesuffix(b"\n").partition(b"\0")
-    number, _, text = rest.partition(b":")
-    return Match(
-        os.fsdecode(path).removeprefix("./"),
-        int(number),
-        text.decode("utf-8", "replace"),
-    )
+def ripgrep_files(project, query: str, deadline: float) -> tuple[list[str], bool]:
+    """The files in which ripgrep finds the query, in the walk's order, and whether it
+    finished before the deadline."""
+    try:
+        listed = subprocess.run(
+            ripgrep_command(project, query),
+            cwd=project.root,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            timeout=max(0.0, deadline - time.monotonic()),
+        ).stdout
+        finished = True
+    except subprocess.TimeoutExpired as stopped:
+        listed, finished = stopped.output or b"", False
+    names = [os.fsdecode(name).removeprefix("./") for name in listed.split(b"\0")[:-1]]
+    return sorted(names, key=lambda name: name.split("/")), finished
 
 def ripgrep_matches(project, query: str, deadline: float) -> Iterator[Match]:
-    """Search with ripgrep, dropping the files that python_matches would skip as not
-    text.
+    """Search with ripgrep: it finds the files, matches_in reads them as the walk's.
 
-    rg is killed when the caller stops reading, so a capped search ends early,
-    and when the deadline passes, which raises SearchTimedOut.
+    Raises SearchTimedOut when the deadline passes, while rg lists or after.
     """
-    root = project.root
-    with subprocess.Popen(
-        ripgrep_command(project, query),
-        cwd=root,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    ) as rg:
-        alarm = threading.Timer(max(0.0, deadline - time.monotonic()), rg.kill)
-        alarm.start()
-        try:
-            current, is_text = None, False
-            for raw in ripgrep_records(rg.stdout):
-                match = parse_ripgrep_line(raw)
-                if match.path != current:
-                    current = match.path
-                    is_text = read_if_text(os.path.join(root, current)) is not None
-                if is_text:
-                    yield match
-            if time.monotonic() > deadline:
-                raise SearchTimedOut
-        finally:
-            alarm.cancel()
-            rg.kill()
+    files, finished = ripgrep_files(project, query, deadline)
+    yield from matches_in(project.root, files, query, deadline)
+    if not finished:
+        raise SearchTimedOut
 
 def unnameable(path: str) -> bool:
     """Whether READ could not be given PATH: it holds a newline or what spelling_problem
