@@ -240,12 +240,21 @@ def leftover_processes(base):
     return found
 
 
-def no_processes_left(base, seconds=3):
-    """Wait a moment for killed processes to go; say whether none is left."""
+def processes_left(base, seconds=3):
+    """Wait a moment for killed processes to go; describe those left, each by its pid,
+    command line and working directory, so that a failure says which it was."""
     deadline = time.monotonic() + seconds
     while leftover_processes(base) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return leftover_processes(base) == []
+    described = []
+    for pid in leftover_processes(base):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+            described.append(f"{pid}: {command} in {os.readlink(f'/proc/{pid}/cwd')}")
+        except OSError:
+            continue  # it went while being described
+    return described
 
 
 @pytest.fixture
@@ -393,7 +402,7 @@ def test_case(case, tmp_path, monkeypatch, fast, capsys, listener, request):
     assert (tree_hash(world.outside), tree_hash(world.home)) == before, "something outside changed"
     assert escapes(world) == [], "a test wrote outside the sandbox"
     assert not world.ran.exists(), f"a program of the project ran on the host: {world.ran.read_text()}"
-    assert no_processes_left(tmp_path), "a process of the case is still running"
+    assert processes_left(tmp_path) == [], "a process of the case is still running"
     assert nobody_connected(listener), "a case reached the network"
     assert nobody_came(listeners), "a case reached a Unix socket of the host"
     recorded = journal.read_text() + "".join(prompts) + transcript + said
