@@ -448,7 +448,7 @@ def test_two_exports_are_the_same_bytes(tmp_path):
 
 
 def test_the_whole_book_is_the_same_text_for_pandoc_in_every_process():
-    """What Python makes of the whole book, the labelled text that pandoc is given for every form,
+    """What Python makes of the whole book, the labelled text that pandoc reads for every form,
     is the same in this process and in two others with other hash seeds: with the test above, two
     exports of the book are the same bytes."""
     program = ("import hashlib, sys\nfrom mlplcode.export import BOOK, labelled_text\n"
@@ -824,7 +824,7 @@ def test_a_link_to_a_heading_is_its_description_in_plain_text(linked_export):
 
 def test_a_link_to_a_heading_is_a_link_with_its_page_in_the_pdf(linked_export):
     labelled = export.labelled_text(str(linked_export.parent / "book.org"))
-    typst = " ".join(export.pandoc(labelled, "typst", []).decode().split())
+    typst = " ".join(export.pandoc(export.parsed(labelled), "typst", []).decode().split())
     assert '#link(<farewell>)[chapter \\"Farewell\\"]~(#page-ref("farewell");)' in typst
     pages = pdf_text(linked_export / "mlplcode.pdf").split("\f")
     farewell = next(page.split()[-1] for page in pages if "CHAPTER 2" in page)
@@ -876,7 +876,7 @@ def test_a_link_to_a_heading_that_the_check_did_not_see_stops_the_filter(tmp_pat
     (tmp_path / "book.org").write_text(LINKED_BOOK.replace("*** Deeper", "*** Deeper, as [[*Greeting]] says"))
     labelled = export.labelled_text(str(tmp_path / "book.org"))
     with pytest.raises(RuntimeError, match=r"did not check: \[\[\*Greeting\]\]"):
-        export.html(labelled)
+        export.html(export.parsed(labelled))
 
 
 def test_every_link_of_the_book_to_a_heading_names_exactly_one(book):
