@@ -110,14 +110,14 @@ class Recorder:
 # first, each to the first worker free, and what is handed out last is short; the rest follow by
 # their number of tests as before. (The queue of files is reordered, never a worker's collection:
 # the controller names a worker's tests by their place in it.) The CPU-seconds are what each took
-# in a cpuacct cgroup on the project's two-core machine.
+# alone in a cpuacct cgroup on the project's two-core machine.
 LONGEST_FILES = [
-    "tests/test_export.py",             # 82: two exports of the book, Chromium on its page
-    "tests/test_eval.py",               # 81: the Done-when matrix
-    "tests/test_tangle_parity.py",      # 53: Emacs tangles the book and the corpus
-    "tests/security/test_results.py",   # 41: 123 tests, a sandboxed pytest each
-    "tests/test_org_babel.py",          # 28: Emacs and kernels
+    "tests/test_eval.py",               # 91: the Done-when matrix
+    "tests/test_export.py",             # 53: an export of the book, Chromium on its page
+    "tests/security/test_results.py",   # 40: 123 tests, a sandboxed pytest each
+    "tests/test_org_babel.py",          # 26: Emacs and kernels (45 s of wall time)
     "tests/test_acp.py",                # 26: an `mlplcode acp` process each
+    "tests/test_tangle_parity.py",      # 16: Emacs tangles the book and the corpus
 ]
 
 

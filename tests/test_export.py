@@ -1,18 +1,25 @@
 """mlplcode export: the book as a web page, a PDF, Markdown and plain text.
 
-The book is exported once per test session (the `exported` fixture) and the
-checks read those files; only the reproducibility test exports it again. Both
-exports run the command in a process of its own, each with a hash seed of its
-own: Typst holds about 1.4 GB while it sets the book, which goes with the
-process rather than staying in the test worker, and two processes show that
-nothing of one process (its hash seed, its caches) reaches the bytes. The
-PDF's text is read once, by the `pdf_words` fixture.
+The book is exported once per test session (the `exported` fixture), by the
+command in a process of its own (Typst holds about 1.4 GB while it sets the
+book, which goes with the process rather than staying in the test worker), and
+the checks read those files. The PDF's text is read once, by the `pdf_words`
+fixture.
+
+Reproducibility is shown in two halves, so that the book is not exported a
+second time (about 28 CPU-seconds): what Python makes of the whole book, the
+labelled text given to pandoc, is the same in two processes with different
+hash seeds; and the whole export, pandoc, the filter, the templates and Typst,
+gives the same bytes in two processes with different hash seeds for a sample
+book that has every kind of thing the book has (Parts, references, parts of a
+fragment, an index, links to headings, each language of the book).
 Chromium and pdftotext are Debian packages: without them the tests that
 need them skip visibly, and fail under MLPLCODE_REQUIRE_TOOLS=1 (CI).
 Screenshots of the web page at a phone's and a laptop's width are kept in
 tests/artifacts/.
 """
 import contextlib
+import hashlib
 import html
 import io
 import json
@@ -286,11 +293,171 @@ def test_a_missing_tool_is_one_line_and_status_1(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_two_exports_are_the_same_bytes(exported, tmp_path):
-    directory, _ = exported
-    export_command(tmp_path, 2)  # another process, another hash seed, another directory
+# A book with every kind of thing that mlplcode.org has, for the reproducibility of the export: the
+# book's header lines, an introduction, Parts with chapters under them, sections below the export's
+# levels, a list, inline code, links to headings, a named block, references to a fragment written
+# in two parts and to a named block, a reference in the prose, each language the book has blocks
+# in, files in directories of their own, and blocks tangled nowhere.
+SAMPLE_BOOK = """\
+#+TITLE: Sample
+#+SUBTITLE: Every kind of thing the book has
+#+AUTHOR: The mlplcode authors
+#+OPTIONS: toc:2 num:t
+#+PROPERTY: header-args :mkdirp yes :noweb-sep "\\n\\n"
+
+* Introduction
+
+** What it is
+
+A sample is a book in small. Its parts:
+
+1. a step, in [[*One step][the first chapter]];
+2. its settings, in [[*Settings]];
+3. the page, in [[*The deepest][the deepest section]].
+
+Each part has =inline code=, ~a command~ and /emphasis/, and the fragment
+=<<step-parts>>= is where the step's parts meet.
+
+* Part I: The program
+:PROPERTIES:
+:PART: I
+:END:
+
+The program itself.
+
+** One step
+:PROPERTIES:
+:header-args:python: :tangle src/sample/step.py
+:END:
+
+A step is its parts, in order.
+
+#+begin_src python :noweb yes
+def step(state):
+    <<step-parts>>
+    return <<answer>>(state)
+#+end_src
+
+The answer is named.
+
+#+NAME: answer
+#+begin_src python :tangle no
+len
+#+end_src
+
+** The parts
+:PROPERTIES:
+:header-args:python: :tangle no
+:END:
+
+The first part reads.
+
+#+begin_src python :noweb-ref step-parts
+state = dict(state)
+#+end_src
+
+The second part writes, 1 << 2 times over.
+
+#+begin_src python :noweb-ref step-parts
+state["shift"] = 1 << 2
+#+end_src
+
+*** Deeper
+
+**** The deepest
+
+Below the levels of headings, and back to [[*What it is][the introduction]].
+
+* Part II: Around it
+:PROPERTIES:
+:PART: II
+:END:
+
+What is around the program.
+
+** Settings
+
+Lisp for the editor.
+
+#+begin_src emacs-lisp :tangle lisp/sample.el
+(setq sample-steps 3)
+#+end_src
+
+A filter for pandoc.
+
+#+begin_src lua :tangle export/sample.lua
+function Str(element)
+  return element
+end
+#+end_src
+
+A page's style and its script.
+
+#+begin_src css :tangle export/sample.css
+body { margin: 0 auto; max-width: 40em; }
+#+end_src
+
+#+begin_src js :tangle export/sample.js
+document.body.dataset.sample = "yes";
+#+end_src
+
+A template for Typst.
+
+#+begin_src typst :tangle export/sample.typ
+#set page(numbering: "1")
+#+end_src
+
+A hook's settings and a template's text.
+
+#+begin_src yaml :tangle hooks.yaml
+- id: sample
+  entry: python3 sample.py
+#+end_src
+
+#+begin_src markdown :tangle export/sample.md
+# $title$
+#+end_src
+"""
+
+
+def export_in_a_process(book, directory, hash_seed):
+    """export_book(BOOK, DIRECTORY) in a process of its own, with PYTHONHASHSEED=HASH_SEED."""
+    program = "import sys\nfrom mlplcode.export import export_book\nexport_book(sys.argv[1], sys.argv[2])\n"
+    result = subprocess.run([sys.executable, "-c", program, str(book), str(directory)], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONHASHSEED": str(hash_seed)}, timeout=HANG)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_two_exports_are_the_same_bytes(tmp_path):
+    """Every form of the sample book, exported by two processes with different hash seeds into
+    two directories, is the same bytes; and the sample has what the book has in every form."""
+    (tmp_path / "book.org").write_text(SAMPLE_BOOK)
+    for seed in (1, 2):
+        export_in_a_process(tmp_path / "book.org", tmp_path / str(seed), seed)
     for name in FORMS:
-        assert (tmp_path / name).read_bytes() == (directory / name).read_bytes(), name
+        assert (tmp_path / "1" / name).read_bytes() == (tmp_path / "2" / name).read_bytes(), name
+    page = (tmp_path / "1" / "mlplcode.html").read_text()
+    assert [block["label"] for block in source_blocks(page)] == [
+        "src/sample/step.py", "⟨answer⟩", "⟨step-parts⟩", "⟨step-parts⟩", "lisp/sample.el",
+        "export/sample.lua", "export/sample.css", "export/sample.js", "export/sample.typ", "hooks.yaml",
+        "export/sample.md"]
+    assert page.count('class="ref"') == 3 and 'id="index"' in page and '<a href="#settings">' in page
+    text = " ".join(pdf_text(tmp_path / "1" / "mlplcode.pdf").split())
+    assert "Part 1 of 2, with p." in text and "Settings (p. " in text
+    assert "`<<step-parts>>`" in (tmp_path / "1" / "mlplcode.md").read_text()
+
+
+def test_the_whole_book_is_the_same_text_for_pandoc_in_every_process():
+    """What Python makes of the whole book, the labelled text that pandoc reads for every form,
+    is the same in this process and in two others with other hash seeds: with the test above, two
+    exports of the book are the same bytes."""
+    program = ("import hashlib, sys\nfrom mlplcode.export import BOOK, labelled_text\n"
+               "print(hashlib.sha256(labelled_text(BOOK).encode()).hexdigest())\n")
+    digests = [subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": str(seed)}, timeout=HANG).stdout.strip()
+               for seed in (1, 2)]
+    here = hashlib.sha256(export.labelled_text(BOOK).encode()).hexdigest()
+    assert digests == [here, here]
 
 
 def pdf_text(pdf, *options):
@@ -657,7 +824,7 @@ def test_a_link_to_a_heading_is_its_description_in_plain_text(linked_export):
 
 def test_a_link_to_a_heading_is_a_link_with_its_page_in_the_pdf(linked_export):
     labelled = export.labelled_text(str(linked_export.parent / "book.org"))
-    typst = " ".join(export.pandoc(labelled, "typst", []).decode().split())
+    typst = " ".join(export.pandoc(export.parsed(labelled), "typst", []).decode().split())
     assert '#link(<farewell>)[chapter \\"Farewell\\"]~(#page-ref("farewell");)' in typst
     pages = pdf_text(linked_export / "mlplcode.pdf").split("\f")
     farewell = next(page.split()[-1] for page in pages if "CHAPTER 2" in page)
@@ -709,7 +876,7 @@ def test_a_link_to_a_heading_that_the_check_did_not_see_stops_the_filter(tmp_pat
     (tmp_path / "book.org").write_text(LINKED_BOOK.replace("*** Deeper", "*** Deeper, as [[*Greeting]] says"))
     labelled = export.labelled_text(str(tmp_path / "book.org"))
     with pytest.raises(RuntimeError, match=r"did not check: \[\[\*Greeting\]\]"):
-        export.html(labelled)
+        export.html(export.parsed(labelled))
 
 
 def test_every_link_of_the_book_to_a_heading_names_exactly_one(book):

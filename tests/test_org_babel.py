@@ -504,7 +504,12 @@ def test_c_g_in_emacs_writes_what_happened_as_the_results(sessions):
                    "#+begin_src mlplcode :session cg\n%show state\n#+end_src\n")
     init = subprocess.run([sys.executable, "-m", "mlplcode.babel", "--init"], capture_output=True, text=True,
                           check=True, env=sessions.env).stdout
-    (sessions.cwd / "init.el").write_text(init + "(setq org-confirm-babel-evaluate nil)\n")
+    # Emacs outside --batch compiles the Lisp it loads to native code in the background, into
+    # ~/.emacs.d/eln-cache, each file not compiled there yet, for as long as it runs: up to 5
+    # CPU-seconds of this test (calendar.el), nothing to do with C-g, and files written outside
+    # the test's directory.
+    (sessions.cwd / "init.el").write_text("(setq native-comp-deferred-compilation nil)\n" + init
+                                          + "(setq org-confirm-babel-evaluate nil)\n")
     program = """(progn (find-file "cg.org")
       (condition-case nil (org-babel-execute-buffer) (quit (write-region "quit" nil "quit-seen")))
       (save-buffer) (ob-mlplcode-stop-session "cg") (kill-emacs 0))"""

@@ -310,15 +310,21 @@ def with_heading_links(tangler, book, lines):
         lines[a + 1 : b + 1] = [None] * (b - a)
     return [line for line in lines if line is not None]
 
-def pandoc(text, writer, options):
-    """The labelled org TEXT converted by pandoc's WRITER, through the book's filter, as
-    bytes."""
+def parsed(text):
+    """The labelled org TEXT read by pandoc: its document tree, as JSON."""
+    import pypandoc
+
+    return pypandoc.convert_text(text, "json", format="org+gfm_auto_identifiers")
+
+def pandoc(document, writer, options):
+    """DOCUMENT, the tree that parsed gives, converted by pandoc's WRITER, through the
+    book's filter, as bytes."""
     import pypandoc
 
     converted = pypandoc.convert_text(
-        text,
+        document,
         writer,
-        format="org+gfm_auto_identifiers",
+        format="json",
         extra_args=[
             "--standalone",
             "--toc",
@@ -328,7 +334,7 @@ def pandoc(text, writer, options):
     )
     return converted.encode("utf-8")
 
-def html(text):
+def html(document):
     """One web page that needs no other file: the stylesheet and the script go inside
     it."""
     with open(export_file("book.css"), encoding="utf-8") as f:
@@ -336,7 +342,7 @@ def html(text):
     with open(export_file("book.js"), encoding="utf-8") as f:
         script = f.read()
     return pandoc(
-        text,
+        document,
         "html5",
         [
             "--toc-depth=2",
@@ -350,21 +356,21 @@ def html(text):
 
 PDF_CLOCK = 0  # seconds since 1970: any fixed instant will do
 
-def pdf(text):
+def pdf(document):
     """The book typeset by Typst, with its own fonts only and a fixed clock."""
     import typst
 
     source = pandoc(
-        text,
+        document,
         "typst",
         ["--toc-depth=2", "--template=" + export_file("book-template.typ")],
     )
     return typst.compile(source, ignore_system_fonts=True, timestamp=PDF_CLOCK)
 
-def markdown(text):
+def markdown(document):
     """GitHub Markdown, under the book's title: every chapter one heading level down."""
     return pandoc(
-        text,
+        document,
         "gfm",
         [
             "--toc-depth=3",
@@ -373,9 +379,9 @@ def markdown(text):
         ],
     )
 
-def plain_text(text):
+def plain_text(document):
     """Plain text, by Project Gutenberg's conventions: chapter titles in capitals."""
-    return pandoc(text, "plain+gutenberg", ["--toc-depth=2"])
+    return pandoc(document, "plain+gutenberg", ["--toc-depth=2"])
 
 FORMS = [
     ("mlplcode.html", html),
@@ -387,13 +393,13 @@ FORMS = [
 def export_book(path, directory):
     """Write every form of the book at PATH into DIRECTORY; return the paths written."""
     check_tools()
-    text = labelled_text(path)
+    document = parsed(labelled_text(path))
     os.makedirs(directory, exist_ok=True)
     written = []
     for name, form in FORMS:
         output = os.path.join(directory, name)
         print(f"export: writing {output}", flush=True)
-        content = form(text)
+        content = form(document)
         with open(output, "wb") as f:
             f.write(content)
         written.append(output)
