@@ -75,7 +75,9 @@ def lines_matching(relative: str, text: str, query: str) -> Iterator[Match]:
         yield Match(relative, number, text[begin:end])
         at = text.find(query, end)
 
-def matches_in(root: str, files: Iterable[str], query: str, deadline: float) -> Iterator[Match]:
+def matches_in(
+    root: str, files: Iterable[str], query: str, deadline: float
+) -> Iterator[Match]:
     """Yield the matches in FILES, paths relative to ROOT, taken in their order and
     skipping the files READ would refuse.
 
@@ -92,9 +94,11 @@ def matches_in(root: str, files: Iterable[str], query: str, deadline: float) -> 
 def python_matches(project, query: str, deadline: float) -> Iterator[Match]:
     """Search in pure Python, for machines without ripgrep; yields matches in path
     order."""
-    files = walk_searchable(
-        project.root, "", project.ignore[".gitignore"], project.ignore[".mlplcodeignore"]
+    gitignore, mlplcodeignore = (
+        project.ignore[".gitignore"],
+        project.ignore[".mlplcodeignore"],
     )
+    files = walk_searchable(project.root, "", gitignore, mlplcodeignore)
     return matches_in(project.root, files, query, deadline)
 
 def ripgrep_command(project, query: str) -> list[str]:
