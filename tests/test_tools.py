@@ -4,6 +4,7 @@ import hashlib
 import hmac
 import json
 import os
+import signal
 import stat
 import subprocess
 import time
@@ -724,6 +725,49 @@ def test_run_timeout_kills_every_process(project, mode, monkeypatch):
     assert_error(result, f"timed out after 2 s and was killed ({mode})")
     assert time.monotonic() - started < 6
     assert wait_until_gone(marker) == []
+
+
+def test_an_interrupt_while_the_program_starts_kills_it(project, mode, monkeypatch):
+    # The stop as subprocess.Popen returns, the moment in which the process was once lost.
+    marker = f"mlplcode-started-{mode}-{os.getpid()}"
+    opened, real_popen = open_project(project), subprocess.Popen
+
+    def popen_then_interrupt(*args, **options):
+        process = real_popen(*args, **options)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # a handler that raises does so here, inside, as in Popen's wait for the exec
+        return process
+    monkeypatch.setattr(subprocess, "Popen", popen_then_interrupt)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_module.run_process([sys.executable, "-c", "import time; time.sleep(60)", marker],
+                                   opened, [], [], {})
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert wait_until_gone(marker) == []
+
+
+def test_signals_held_are_handed_on_at_release():
+    came = []
+    previous = signal.signal(signal.SIGUSR1, lambda number, frame: came.append(number))
+    try:
+        held = run_module.SignalsHeld()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert came == []
+        held.release()
+        assert came == [signal.SIGUSR1]
+        os.kill(os.getpid(), signal.SIGUSR1)  # its handler is back
+        assert came == [signal.SIGUSR1, signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_the_sandbox_stays_in_the_group_that_is_killed(project):
+    require_tool("bwrap", "RUN inside bubblewrap")
+    write_test(project, "def test_group():\n    print('GROUP', os.getpgid(0), os.getsid(0))\n")
+    # 0: the leaders lie outside the sandbox's PID namespace, in the group run_process kills.
+    assert "GROUP 0 0" in act(project, "run", command="pytest -q -s")["text"]
 
 
 def processes_with(marker):

@@ -354,7 +354,6 @@ ISOLATION = (
     "--cap-drop",
     "ALL",
     "--die-with-parent",
-    "--new-session",
 )
 
 def private_files(directory):

@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -288,6 +289,29 @@ def protected_paths(root: str, metadata: dict) -> list[str]:
 KILLED_SECONDS = 5
 
 
+class SignalsHeld:
+    """From now until release(), the signals that have a Python handler are noted, not
+    handled; release() gives each handler back and hands on what came meanwhile."""
+
+    def __init__(self):
+        self.handlers, self.came = {}, []
+        if threading.current_thread() is threading.main_thread():
+            for number in signal.valid_signals():
+                if callable(signal.getsignal(number)):
+                    self.handlers[number] = signal.signal(number, self.note)
+
+    def note(self, number, frame):
+        self.came.append(number)
+
+    def release(self):
+        handlers, came = self.handlers, self.came
+        self.handlers, self.came = {}, []
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+        for number in came:
+            handlers[number](number, None)
+
+
 def run_process(
     argv: list[str],
     project,
@@ -328,18 +352,25 @@ def run_process(
             argv = sandbox_argv(
                 bwrap, argv, root, readable, protected, masked, empty, socket_filter
             )
-        with subprocess.Popen(
-            argv,
-            cwd=root,
-            pass_fds=descriptors,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**child_environment(root, home), **variables},
-            start_new_session=True,
-            preexec_fn=limit_resources,
-        ) as process:
+        held = SignalsHeld()
+        try:
+            process = subprocess.Popen(
+                argv,
+                cwd=root,
+                pass_fds=descriptors,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env={**child_environment(root, home), **variables},
+                start_new_session=True,
+                preexec_fn=limit_resources,
+            )
+        except BaseException:
+            held.release()
+            raise
+        with process:
             try:
+                held.release()
                 output = drain(process, deadline)
             finally:
                 kill_group(process)
