@@ -763,6 +763,29 @@ def test_signals_held_are_handed_on_at_release():
         signal.signal(signal.SIGUSR1, previous)
 
 
+def test_signals_held_gives_every_handler_back_when_one_raises_as_they_are_held(monkeypatch):
+    def mine(number, frame):
+        pass
+    previous = {number: signal.signal(number, mine) for number in (signal.SIGUSR1, signal.SIGUSR2)}
+    real_signal, calls = signal.signal, []
+
+    def signal_then_interrupt(number, handler):
+        calls.append(number)
+        if len(calls) == 2:  # the first is held; another's handler raises before it is
+            raise KeyboardInterrupt
+        return real_signal(number, handler)
+    try:
+        before = {number: signal.getsignal(number) for number in signal.valid_signals()}
+        monkeypatch.setattr(signal, "signal", signal_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            run_module.SignalsHeld()
+        monkeypatch.undo()
+        assert {number: signal.getsignal(number) for number in signal.valid_signals()} == before
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
 def test_the_sandbox_stays_in_the_group_that_is_killed(project):
     require_tool("bwrap", "RUN inside bubblewrap")
     write_test(project, "def test_group():\n    print('GROUP', os.getpgid(0), os.getsid(0))\n")

@@ -295,10 +295,15 @@ class SignalsHeld:
 
     def __init__(self):
         self.handlers, self.came = {}, []
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
             for number in signal.valid_signals():
                 if callable(signal.getsignal(number)):
                     self.handlers[number] = signal.signal(number, self.note)
+        except BaseException:  # a signal not yet held raised: give back those that are
+            self.release()
+            raise
 
     def note(self, number, frame):
         self.came.append(number)
